@@ -1,0 +1,318 @@
+"""One background collector per target per process, shared by every browser session and the CLI.
+
+A plain daemon thread (it never calls Streamlit) scrapes ``/metrics`` once per interval, whatever
+the number of readers, and keeps a bounded, timestamped history of :class:`Scrape` beside the
+target's state (up / down since T / stale / not vLLM). A failure is recorded as an error scrape, so
+a server that goes away and comes back keeps the history on both sides of the gap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from diagnostics.core.catalog import parse_snapshot
+from diagnostics.core.derive import Scrape
+from diagnostics.core.info import ServerInfo, TargetState, TargetStatus
+from diagnostics.errors import BadPayload, NotVllm, TargetError, TargetHTTPError
+from diagnostics.recording import Record
+from diagnostics.sources.vllm_http import VllmClient, normalize_url
+
+MIN_INTERVAL_SECONDS = 0.25
+DEFAULT_INTERVAL_SECONDS = 1.0
+DEFAULT_RETENTION_SECONDS = 3600.0
+INFO_REFRESH_SECONDS = 60.0
+HEALTH_EVERY_SECONDS = 5.0
+STALE_AFTER_INTERVALS = 3
+
+GpuReader = Callable[[], list[dict[str, Any]] | None]
+Sink = Callable[[Record], None]
+
+
+class Collector:
+    """Scrapes one target on a fixed cadence and keeps what it saw."""
+
+    def __init__(
+        self,
+        client: VllmClient,
+        *,
+        interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        gpu_reader: GpuReader | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if interval_seconds < MIN_INTERVAL_SECONDS:
+            raise ValueError(f"interval must be at least {MIN_INTERVAL_SECONDS} s")
+        self.client = client
+        self.target = client.base_url
+        self.interval_seconds = interval_seconds
+        self.retention_seconds = retention_seconds
+        self._gpu_reader = gpu_reader
+        self._clock = clock
+        self._history: deque[Scrape] = deque(maxlen=int(retention_seconds / interval_seconds) + 1)
+        self._gpus: deque[tuple[float, list[dict[str, Any]]]] = deque(maxlen=self._history.maxlen)
+        self._lock = threading.Lock()
+        self._sinks: list[Sink] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._state: TargetState = "starting"
+        self._since: float | None = None
+        self._error: str | None = None
+        self._last_ok: float | None = None
+        self._last_attempt: float | None = None
+        self._info: ServerInfo | None = None
+        self._info_ts: float | None = None
+        self._info_dirty = False
+        self._health_ts: float | None = None
+        self._engine_dead: str | None = None
+        self._num_scrapes = 0
+        self._num_failures = 0
+
+    # -- readers ---------------------------------------------------------------------------
+
+    def history(self) -> list[Scrape]:
+        """A copy of the retained scrapes, oldest first."""
+        with self._lock:
+            return list(self._history)
+
+    def gpu_history(self) -> list[tuple[float, list[dict[str, Any]]]]:
+        with self._lock:
+            return list(self._gpus)
+
+    def status(self) -> TargetStatus:
+        """The target's state now; *stale* when the last good scrape is older than three intervals
+        though no failure was seen (the collector itself is stuck or the scrape hangs)."""
+        with self._lock:
+            state = self._state
+            since = self._since
+            if state == "up" and self._last_ok is not None:
+                age = self._clock() - self._last_ok
+                if age > STALE_AFTER_INTERVALS * max(self.interval_seconds, self.client_timeout):
+                    state, since = "stale", self._last_ok
+            return TargetStatus(
+                target=self.target,
+                state=state,
+                since=since,
+                error=self._error,
+                last_ok_ts=self._last_ok,
+                last_attempt_ts=self._last_attempt,
+                info=self._info,
+                num_scrapes=self._num_scrapes,
+                num_failures=self._num_failures,
+            )
+
+    @property
+    def client_timeout(self) -> float:
+        return self.client.timeout_seconds
+
+    def set_interval(self, interval_seconds: float) -> None:
+        """Change the cadence for every reader; the history keeps its retention in seconds."""
+        if interval_seconds < MIN_INTERVAL_SECONDS:
+            raise ValueError(f"interval must be at least {MIN_INTERVAL_SECONDS} s")
+        with self._lock:
+            self.interval_seconds = interval_seconds
+            maxlen = int(self.retention_seconds / interval_seconds) + 1
+            self._history = deque(self._history, maxlen=maxlen)
+            self._gpus = deque(self._gpus, maxlen=maxlen)
+
+    def add_sink(self, sink: Sink) -> None:
+        """Call ``sink`` with each new record (the recording writer); the next record carries info."""
+        with self._lock:
+            self._sinks.append(sink)
+            self._info_dirty = True
+
+    def remove_sink(self, sink: Sink) -> None:
+        with self._lock:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def start(self) -> Collector:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name=f"collector {self.target}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            self.scrape_once()
+            next_tick += self.interval_seconds
+            delay = next_tick - time.monotonic()
+            if delay < 0:
+                # Fell behind (slow server): skip the missed ticks rather than bursting.
+                next_tick = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    def scrape_once(self) -> Scrape:
+        """One collection attempt; never raises for target errors (they become state)."""
+        ts = self._clock()
+        try:
+            text = self.client.metrics_text()
+            snapshot = parse_snapshot(text)
+        except NotVllm as exc:
+            return self._failed(ts, "not_vllm", str(exc))
+        except (TargetError, BadPayload) as exc:
+            return self._failed(ts, "down", str(exc))
+        ts = self._clock()
+        with self._lock:
+            recovering = self._state != "up"
+        if recovering:
+            self._info_ts = None  # after an outage it may be another server: re-read /version
+        engine_dead = self._check_health(ts)
+        info_changed = self._refresh_info(ts)
+        scrape = Scrape(ts, snapshot)
+        gpus = self._read_gpus()
+        with self._lock:
+            if engine_dead is not None:
+                self._error = engine_dead
+                if self._state != "down":
+                    self._state, self._since = "down", ts
+            else:
+                if recovering:
+                    self._state, self._since = "up", ts
+                self._error = None
+            self._last_ok = ts
+            self._last_attempt = ts
+            self._num_scrapes += 1
+            self._append(scrape, gpus)
+            info_payload = None
+            if info_changed or self._info_dirty:
+                info_payload = self._info_payload()
+                self._info_dirty = False
+            sinks = list(self._sinks)
+        self._emit(sinks, Record(ts, self.target, metrics=text, info=info_payload, gpus=gpus))
+        return scrape
+
+    def _failed(self, ts: float, state: TargetState, message: str) -> Scrape:
+        scrape = Scrape(ts, None, message)
+        with self._lock:
+            if self._state != state:
+                self._state, self._since = state, ts
+            self._error = message
+            self._last_attempt = ts
+            self._num_scrapes += 1
+            self._num_failures += 1
+            self._append(scrape, None)
+            sinks = list(self._sinks)
+        self._emit(sinks, Record(ts, self.target, error=message))
+        return scrape
+
+    def _append(self, scrape: Scrape, gpus: list[dict[str, Any]] | None) -> None:
+        self._history.append(scrape)
+        if gpus is not None:
+            self._gpus.append((scrape.ts, gpus))
+        horizon = scrape.ts - self.retention_seconds
+        while self._history and self._history[0].ts < horizon:
+            self._history.popleft()
+        while self._gpus and self._gpus[0][0] < horizon:
+            self._gpus.popleft()
+
+    def _check_health(self, ts: float) -> str | None:
+        """Every few seconds: a 503 from ``/health`` means the engine died behind a live frontend."""
+        if self._health_ts is not None and ts - self._health_ts < HEALTH_EVERY_SECONDS:
+            return self._engine_dead
+        self._health_ts = ts
+        try:
+            self.client.health()
+            self._engine_dead = None
+        except TargetHTTPError as exc:
+            self._engine_dead = f"engine unhealthy: {exc}"
+        except TargetError:
+            self._engine_dead = None
+        return self._engine_dead
+
+    def _refresh_info(self, ts: float) -> bool:
+        if self._info_ts is not None and ts - self._info_ts < INFO_REFRESH_SECONDS:
+            return False
+        self._info_ts = ts
+        try:
+            info = self.client.info()
+        except TargetError:
+            return False
+        with self._lock:
+            # /v1/models stamps "created" with the request time: compare what it means.
+            changed = self._info is None or (info.version, info.model, info.max_model_len) != (
+                self._info.version,
+                self._info.model,
+                self._info.max_model_len,
+            )
+            self._info = info
+        return changed
+
+    def _info_payload(self) -> dict[str, Any] | None:
+        if self._info is None:
+            return None
+        return {"version": self._info.version_json, "models": self._info.models_json}
+
+    def _read_gpus(self) -> list[dict[str, Any]] | None:
+        if self._gpu_reader is None:
+            return None
+        try:
+            return self._gpu_reader()
+        except Exception:  # noqa: BLE001 - a GPU reader failure must never stop collection
+            return None
+
+    @staticmethod
+    def _emit(sinks: list[Sink], record: Record) -> None:
+        for sink in sinks:
+            sink(record)
+
+
+_REGISTRY: dict[tuple[str, str], Collector] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _registry_key(url: str, api_key: str | None) -> tuple[str, str]:
+    digest = hashlib.sha256(api_key.encode()).hexdigest() if api_key else ""
+    return normalize_url(url), digest
+
+
+def shared_collector(
+    url: str,
+    api_key: str | None = None,
+    *,
+    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+    gpu_reader: GpuReader | None = None,
+) -> Collector:
+    """The process-wide collector for ``url``, started on first use. Later callers share it (and
+    its interval) whatever they ask for; ``set_interval`` changes it for everyone."""
+    key = _registry_key(url, api_key)
+    with _REGISTRY_LOCK:
+        collector = _REGISTRY.get(key)
+        if collector is None or not collector.running:
+            client = VllmClient(url, api_key)
+            collector = Collector(
+                client,
+                interval_seconds=interval_seconds,
+                retention_seconds=retention_seconds,
+                gpu_reader=gpu_reader,
+            )
+            _REGISTRY[key] = collector
+            collector.start()
+        return collector
+
+
+def stop_all() -> None:
+    """Stop every shared collector (tests, process exit)."""
+    with _REGISTRY_LOCK:
+        for collector in _REGISTRY.values():
+            collector.stop()
+        _REGISTRY.clear()

@@ -1,0 +1,299 @@
+"""Derived series over a history of scrapes: counter rates with reset detection, windowed hit rate,
+histogram quantiles from bucket deltas, and the current state the CLI and pages show.
+
+Semantics follow Prometheus: ``increase`` treats a drop as a counter reset (the new value is the
+increase since the restart), so a server restart gives neither a negative rate nor a spike;
+``histogram_quantile`` interpolates linearly inside the bucket and answers the highest finite
+bound when the rank falls in the +Inf bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from diagnostics.core.catalog import CacheConfig, EngineKey, Histogram, Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """One collection attempt: a snapshot, or the error that replaced it."""
+
+    ts: float
+    snapshot: Snapshot | None
+    error: str | None = None
+
+
+def window(history: Sequence[Scrape], seconds: float, end: float | None = None) -> list[Scrape]:
+    """The scrapes with ``end - seconds <= ts <= end`` (``end`` defaults to the last scrape)."""
+    if not history:
+        return []
+    end_ts = history[-1].ts if end is None else end
+    start_ts = end_ts - seconds
+    return [s for s in history if start_ts <= s.ts <= end_ts]
+
+
+def increase(values: Sequence[float], restarts: Sequence[bool] | None = None) -> float:
+    """Total increase of a counter sampled in order, a drop counting as a reset to zero.
+
+    ``restarts[i]`` marks a known restart between sample i-1 and i (the process start time
+    changed), which is a reset even when the new value happens to be larger.
+    """
+    total = 0.0
+    for i in range(1, len(values)):
+        prev, cur = values[i - 1], values[i]
+        if math.isnan(prev) or math.isnan(cur):
+            continue
+        reset = cur < prev or (restarts is not None and restarts[i])
+        total += cur if reset else cur - prev
+    return total
+
+
+def restarted(prev: Snapshot, cur: Snapshot) -> bool:
+    """The server process changed between two snapshots (when it exposes its start time)."""
+    a, b = prev.process_start_time_seconds, cur.process_start_time_seconds
+    return a is not None and b is not None and a != b
+
+
+def _points(
+    scrapes: Sequence[Scrape], pick: Callable[[Snapshot], float | None]
+) -> list[tuple[float, float, bool]]:
+    """``(ts, value, restarted since the previous point)`` for the scrapes that carry the value."""
+    out: list[tuple[float, float, bool]] = []
+    prev: Snapshot | None = None
+    for scrape in scrapes:
+        if scrape.snapshot is None:
+            continue
+        value = pick(scrape.snapshot)
+        if value is not None:
+            out.append((scrape.ts, value, prev is not None and restarted(prev, scrape.snapshot)))
+            prev = scrape.snapshot
+    return out
+
+
+def counter_increase(
+    scrapes: Sequence[Scrape], concept: str, engine: EngineKey | None = None
+) -> tuple[float, float] | None:
+    """``(increase, seconds covered)`` of a counter concept over the scrapes; None when absent or
+    when fewer than two scrapes carry it."""
+    points = _points(scrapes, lambda s: s.value(concept, engine))
+    if len(points) < 2:
+        return None
+    return increase([p[1] for p in points], [p[2] for p in points]), points[-1][0] - points[0][0]
+
+
+def counter_rate(scrapes: Sequence[Scrape], concept: str, engine: EngineKey | None = None) -> float | None:
+    """Per-second rate of a counter over the scrapes (None when it cannot be computed)."""
+    inc = counter_increase(scrapes, concept, engine)
+    if inc is None or inc[1] <= 0:
+        return None
+    return inc[0] / inc[1]
+
+
+def prefix_cache_hit_rate(scrapes: Sequence[Scrape], engine: EngineKey | None = None) -> float | None:
+    """Δhits / Δqueries over the scrapes (tokens); None when no tokens were queried or absent.
+
+    On V0 servers, which have no token counters, the last value of the lifetime
+    ``gpu_prefix_cache_hit_rate`` gauge is the best available answer.
+    """
+    hits = counter_increase(scrapes, "prefix_cache_hits", engine)
+    queries = counter_increase(scrapes, "prefix_cache_queries", engine)
+    if hits is None or queries is None:
+        points = _points(scrapes, lambda s: s.value("gpu_prefix_cache_hit_rate", engine))
+        return points[-1][1] if points else None
+    if queries[0] <= 0:
+        return None
+    return min(1.0, hits[0] / queries[0])
+
+
+def histogram_delta(scrapes: Sequence[Scrape], concept: str, engine: EngineKey | None = None) -> Histogram | None:
+    """Bucket-wise increase of a histogram over the scrapes (resets handled per bucket).
+
+    A change of bucket bounds (a restart with ``--custom-histogram-buckets``) starts the
+    accumulation over from the new layout.
+    """
+    found: list[tuple[Snapshot, Histogram]] = []
+    for s in scrapes:
+        if s.snapshot is not None and (h := s.snapshot.histogram(concept, engine)) is not None:
+            found.append((s.snapshot, h))
+    if len(found) < 2:
+        return None
+    bounds = found[0][1].bounds
+    acc = [0.0] * len(bounds)
+    acc_sum = 0.0
+    acc_count = 0.0
+    for (prev_snap, prev), (cur_snap, cur) in zip(found, found[1:]):
+        if cur.bounds != prev.bounds:
+            bounds = cur.bounds
+            acc = [0.0] * len(bounds)
+            acc_sum = acc_count = 0.0
+            continue
+        reset = (
+            cur.count < prev.count
+            or any(c < p for c, p in zip(cur.cumulative, prev.cumulative))
+            or restarted(prev_snap, cur_snap)
+        )
+        for i, (c, p) in enumerate(zip(cur.cumulative, prev.cumulative)):
+            acc[i] += c if reset else c - p
+        acc_sum += cur.sum if reset else cur.sum - prev.sum
+        acc_count += cur.count if reset else cur.count - prev.count
+    return Histogram(bounds, tuple(acc), acc_sum, acc_count)
+
+
+def histogram_quantile(q: float, hist: Histogram | None) -> float | None:
+    """Prometheus ``histogram_quantile`` on cumulative buckets; None when there are no observations."""
+    if hist is None or len(hist.bounds) < 2:
+        return None
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    # Enforce monotonicity as Prometheus does (float drift between bucket increases).
+    cumulative = []
+    running = 0.0
+    for c in hist.cumulative:
+        running = max(running, c)
+        cumulative.append(running)
+    total = cumulative[-1]
+    if not total > 0:
+        return None
+    rank = q * total
+    idx = next(i for i, c in enumerate(cumulative) if c >= rank)
+    if idx == len(cumulative) - 1:
+        return hist.bounds[-2]
+    upper = hist.bounds[idx]
+    if idx == 0:
+        if upper <= 0:
+            return upper
+        lower, below = 0.0, 0.0
+    else:
+        lower, below = hist.bounds[idx - 1], cumulative[idx - 1]
+    in_bucket = cumulative[idx] - below
+    if in_bucket <= 0:
+        return upper
+    return lower + (upper - lower) * (rank - below) / in_bucket
+
+
+def windowed_quantiles(
+    scrapes: Sequence[Scrape], concept: str, qs: Sequence[float] = (0.5, 0.95, 0.99)
+) -> dict[float, float | None] | None:
+    """Quantiles of the observations made inside the window; None when the server lacks the
+    histogram, ``{q: None}`` when it has it but nothing was observed in the window."""
+    if not any(s.snapshot is not None and s.snapshot.has(concept) for s in scrapes):
+        return None
+    delta = histogram_delta(scrapes, concept)
+    return {q: histogram_quantile(q, delta) for q in qs}
+
+
+def last_snapshot(history: Sequence[Scrape]) -> Scrape | None:
+    for scrape in reversed(history):
+        if scrape.snapshot is not None:
+            return scrape
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedState:
+    """What the engine is doing now: gauges from the last good scrape, rates and quantiles over
+    the window. Every field is None when the server does not expose it."""
+
+    ts: float | None
+    window_seconds: float
+    kv_cache_usage_perc: float | None
+    kv_cache_used_blocks: float | None
+    kv_cache_used_tokens: float | None
+    num_requests_running: float | None
+    num_requests_waiting: float | None
+    num_requests_waiting_by_reason: dict[str, float] | None
+    num_requests_swapped: float | None
+    prefix_cache_hit_rate: float | None
+    prefix_cache_queries_rate: float | None
+    prefix_cache_hits_rate: float | None
+    num_preemptions_rate: float | None
+    num_preemptions_in_window: float | None
+    prompt_tokens_rate: float | None
+    generation_tokens_rate: float | None
+    request_success_rate: dict[str, float] | None
+    quantiles: dict[str, dict[float, float | None] | None]
+    cache_config: CacheConfig | None
+
+    def quantile(self, concept: str, q: float) -> float | None:
+        values = self.quantiles.get(concept)
+        return None if values is None else values.get(q)
+
+
+LATENCY_CONCEPTS = (
+    "time_to_first_token_seconds",
+    "inter_token_latency_seconds",
+    "e2e_request_latency_seconds",
+    "request_queue_time_seconds",
+    "request_prefill_time_seconds",
+    "request_decode_time_seconds",
+)
+
+
+def _labelled_rates(scrapes: Sequence[Scrape], concept: str) -> dict[str, float] | None:
+    by_label = [(s.ts, s.snapshot.by_label(concept)) for s in scrapes if s.snapshot is not None]
+    present = [(ts, m) for ts, m in by_label if m is not None]
+    if len(present) < 2 or present[-1][0] <= present[0][0]:
+        return None
+    labels = sorted({label for _, m in present for label in m})
+    seconds = present[-1][0] - present[0][0]
+    return {
+        label: increase([m[label] for _, m in present if label in m]) / seconds for label in labels
+    }
+
+
+def derive_state(history: Sequence[Scrape], window_seconds: float = 60.0, end: float | None = None) -> DerivedState:
+    """The derived state at ``end`` (default: the last scrape) over the trailing window."""
+    scrapes = window(history, window_seconds, end)
+    last = last_snapshot(scrapes)
+    snap = last.snapshot if last is not None else None
+    config = snap.cache_config if snap is not None else None
+
+    def gauge(concept: str) -> float | None:
+        return snap.value(concept) if snap is not None else None
+
+    usage = gauge("kv_cache_usage_perc")
+    blocks = tokens = None
+    if usage is not None and config is not None and config.num_gpu_blocks:
+        # vLLM's usage excludes the null block: usage = 1 - free / (num_gpu_blocks - 1).
+        blocks = usage * (config.num_gpu_blocks - 1)
+        if config.block_size:
+            tokens = blocks * config.block_size
+    preempt = counter_increase(scrapes, "num_preemptions")
+    return DerivedState(
+        ts=last.ts if last is not None else None,
+        window_seconds=window_seconds,
+        kv_cache_usage_perc=usage,
+        kv_cache_used_blocks=blocks,
+        kv_cache_used_tokens=tokens,
+        num_requests_running=gauge("num_requests_running"),
+        num_requests_waiting=gauge("num_requests_waiting"),
+        num_requests_waiting_by_reason=snap.by_label("num_requests_waiting_by_reason") if snap else None,
+        num_requests_swapped=gauge("num_requests_swapped"),
+        prefix_cache_hit_rate=prefix_cache_hit_rate(scrapes),
+        prefix_cache_queries_rate=counter_rate(scrapes, "prefix_cache_queries"),
+        prefix_cache_hits_rate=counter_rate(scrapes, "prefix_cache_hits"),
+        num_preemptions_rate=counter_rate(scrapes, "num_preemptions"),
+        num_preemptions_in_window=preempt[0] if preempt is not None else None,
+        prompt_tokens_rate=counter_rate(scrapes, "prompt_tokens"),
+        generation_tokens_rate=counter_rate(scrapes, "generation_tokens"),
+        request_success_rate=_labelled_rates(scrapes, "request_success"),
+        quantiles={c: windowed_quantiles(scrapes, c) for c in LATENCY_CONCEPTS},
+        cache_config=config,
+    )
+
+
+def rate_series(
+    history: Sequence[Scrape], concept: str, engine: EngineKey | None = None
+) -> list[tuple[float, float]]:
+    """Per-interval rate of a counter between consecutive scrapes that carry it (for plotting);
+    a reset contributes the post-reset value, never a negative rate."""
+    points = _points(history, lambda s: s.value(concept, engine))
+    out = []
+    for (t0, v0, _), (t1, v1, restart) in zip(points, points[1:]):
+        if t1 > t0:
+            out.append((t1, (v1 if restart or v1 < v0 else v1 - v0) / (t1 - t0)))
+    return out

@@ -1,0 +1,183 @@
+"""Recordings: the incident-snapshot format shared by the app, the CLI and every later feature.
+
+JSON Lines, gzip-compressed when the name ends in ``.gz``; one object per line::
+
+    {"ts": 1795990768.1, "target": "http://127.0.0.1:8000", "metrics": "<full /metrics text>"}
+    {"ts": 1795990769.1, "target": "http://127.0.0.1:8000", "error": "cannot reach ..."}
+
+Optional keys: ``info`` (``{"version": <GET /version>, "models": <GET /v1/models>}``, on the first
+line and whenever it changes) and ``gpus`` (``[{"index", "name", "memory_used_bytes",
+"memory_total_bytes"}]``). Readers ignore unknown keys and report each malformed line with its
+number; replay parses the same text with the same code as live collection, so it derives the
+same series. No API key is ever written: records carry the base URL only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from diagnostics.core.catalog import parse_snapshot
+from diagnostics.core.derive import Scrape
+from diagnostics.core.info import ServerInfo
+from diagnostics.errors import BadPayload, BadRecording
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One line of a recording."""
+
+    ts: float
+    target: str
+    metrics: str | None = None
+    error: str | None = None
+    info: Mapping[str, Any] | None = None
+    gpus: Sequence[Mapping[str, Any]] | None = None
+
+    def to_json(self) -> str:
+        obj: dict[str, Any] = {"ts": self.ts, "target": self.target}
+        if self.metrics is not None:
+            obj["metrics"] = self.metrics
+        else:
+            obj["error"] = self.error or "unknown error"
+        if self.info is not None:
+            obj["info"] = dict(self.info)
+        if self.gpus is not None:
+            obj["gpus"] = [dict(g) for g in self.gpus]
+        return json.dumps(obj, separators=(",", ":"))
+
+
+def decode_line(line: str, line_no: int) -> Record:
+    """One JSON line → :class:`Record`; :class:`BadRecording` (with ``line_no``) when malformed."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        raise BadRecording(f"line {line_no}: not JSON", line_no) from None
+    if not isinstance(obj, dict):
+        raise BadRecording(f"line {line_no}: not a JSON object", line_no)
+    ts = obj.get("ts")
+    target = obj.get("target")
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        raise BadRecording(f"line {line_no}: missing or non-numeric 'ts'", line_no)
+    if not isinstance(target, str):
+        raise BadRecording(f"line {line_no}: missing 'target'", line_no)
+    metrics = obj.get("metrics")
+    error = obj.get("error")
+    if not isinstance(metrics, str) and not isinstance(error, str):
+        raise BadRecording(f"line {line_no}: needs a 'metrics' or an 'error' string", line_no)
+    info = obj.get("info") if isinstance(obj.get("info"), dict) else None
+    gpus = obj.get("gpus") if isinstance(obj.get("gpus"), list) else None
+    return Record(
+        float(ts), target, metrics if isinstance(metrics, str) else None,
+        error if isinstance(error, str) else None, info, gpus,
+    )
+
+
+@dataclass(slots=True)
+class Recording:
+    """A read recording: the good records in order, and a message per line that was skipped."""
+
+    records: list[Record]
+    problems: list[str] = field(default_factory=list)
+
+    def scrapes(self) -> list[Scrape]:
+        """The records as scrapes (a payload that no longer parses becomes an error scrape)."""
+        return list(scrapes_from_records(self.records))
+
+    def info(self) -> ServerInfo | None:
+        """The last server info the recording carries."""
+        for record in reversed(self.records):
+            if record.info is not None:
+                return ServerInfo.from_json(record.info.get("version"), record.info.get("models"))
+        return None
+
+    @property
+    def target(self) -> str | None:
+        return self.records[-1].target if self.records else None
+
+
+def scrapes_from_records(records: Iterable[Record]) -> Iterator[Scrape]:
+    for record in records:
+        if record.metrics is None:
+            yield Scrape(record.ts, None, record.error)
+            continue
+        try:
+            yield Scrape(record.ts, parse_snapshot(record.metrics))
+        except BadPayload as exc:
+            yield Scrape(record.ts, None, f"bad payload: {exc}")
+
+
+def _open_text(path: Path, mode: str) -> IO[str]:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+def read_lines(lines: Iterable[str]) -> Recording:
+    """Parse recording lines (blank lines ignored). Raises :class:`BadRecording` only when no
+    line at all is usable."""
+    recording = Recording([])
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            recording.records.append(decode_line(line, line_no))
+        except BadRecording as exc:
+            recording.problems.append(str(exc))
+    if not recording.records:
+        first = f": {recording.problems[0]}" if recording.problems else ""
+        raise BadRecording(f"no usable record in this file{first}")
+    recording.records.sort(key=lambda r: r.ts)
+    return recording
+
+
+def read_recording(source: str | Path | bytes) -> Recording:
+    """Read a recording from a path or from the bytes of an uploaded file (gzip detected)."""
+    try:
+        if isinstance(source, bytes):
+            data = gzip.decompress(source) if source[:2] == b"\x1f\x8b" else source
+            return read_lines(data.decode("utf-8").splitlines())
+        path = Path(source)
+        with open(path, "rb") as raw:
+            magic = raw.read(2)
+        opener = gzip.open if magic == b"\x1f\x8b" else open
+        with opener(path, "rb") as handle:
+            text = handle.read().decode("utf-8")
+        return read_lines(text.splitlines())
+    except (OSError, EOFError) as exc:
+        raise BadRecording(f"cannot read {source if not isinstance(source, bytes) else 'upload'}: {exc}") from None
+    except UnicodeDecodeError:
+        raise BadRecording("not a text recording (not UTF-8)") from None
+
+
+class RecordingWriter:
+    """Appends records to a ``.jsonl`` or ``.jsonl.gz`` file, flushing each line so a crash keeps
+    what was collected. Thread-safe: the collector thread calls :meth:`write`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._handle = _open_text(self.path, "w")
+        self._lock = threading.Lock()
+        self.num_records = 0
+
+    def write(self, record: Record) -> None:
+        with self._lock:
+            self._handle.write(record.to_json() + "\n")
+            self._handle.flush()
+            self.num_records += 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._handle.close()
+
+    def __enter__(self) -> RecordingWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

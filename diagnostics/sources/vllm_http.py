@@ -1,0 +1,161 @@
+"""The vLLM HTTP adapter: ``/health``, ``/version``, ``/v1/models``, ``/metrics``.
+
+All IO goes through one ``httpx.Client`` (tests pass an ``httpx.MockTransport``). Every failure is
+one of the typed errors in :mod:`diagnostics.errors`. The API key is sent as a bearer token and
+never appears in ``repr``, messages or logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import httpx
+
+from diagnostics.core.info import ServerInfo
+from diagnostics.errors import (
+    BadMetricsPayload,
+    BadPayload,
+    NotVllm,
+    TargetError,
+    TargetHTTPError,
+    TargetTimeout,
+    TargetUnreachable,
+)
+
+DEFAULT_TIMEOUT_SECONDS = 2.0
+DEFAULT_MAX_BYTES = 8 * 1024 * 1024
+DEFAULT_API_KEY_ENV = "VLLM_API_KEY"
+
+
+def normalize_url(url: str) -> str:
+    """``host:port`` or ``http://host:port/`` → ``http://host:port`` (the collector's key)."""
+    text = url.strip()
+    if not text:
+        raise ValueError("empty URL")
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parsed = httpx.URL(text)
+    except httpx.InvalidURL:
+        raise ValueError(f"not a valid URL: {url!r}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    if parsed.userinfo:
+        # Credentials in a URL end up in recordings, logs and pages; the API key has its own path.
+        raise ValueError("credentials in the URL are not accepted: pass the API key separately")
+    return text.rstrip("/")
+
+
+def api_key_from_env(var: str | None = DEFAULT_API_KEY_ENV) -> str | None:
+    """The API key held in environment variable ``var`` (None when unset or empty)."""
+    if not var:
+        return None
+    return os.environ.get(var) or None
+
+
+class VllmClient:
+    """A synchronous client for one vLLM server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = normalize_url(base_url)
+        self.max_bytes = max_bytes
+        self.timeout_seconds = timeout_seconds
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout_seconds,
+            transport=transport,
+            follow_redirects=True,
+            trust_env=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"VllmClient({self.base_url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _get(self, path: str) -> tuple[bytes, str]:
+        try:
+            with self._http.stream("GET", path) as response:
+                if response.status_code >= 400:
+                    reason = response.reason_phrase or "error"
+                    hint = " (check the API key)" if response.status_code in (401, 403) else ""
+                    raise TargetHTTPError(
+                        f"{path} answered HTTP {response.status_code} {reason}{hint}",
+                        response.status_code,
+                    )
+                chunks = []
+                size = 0
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise BadPayload(f"{path} response exceeds {self.max_bytes // 1024} KiB; refused")
+                    chunks.append(chunk)
+                return b"".join(chunks), response.headers.get("content-type", "")
+        except httpx.TimeoutException:
+            raise TargetTimeout(f"{path} did not answer within {self.timeout_seconds:g} s") from None
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise TargetUnreachable(f"cannot reach {self.base_url}: {_short(exc)}") from None
+        except httpx.HTTPError as exc:
+            raise TargetUnreachable(f"{path} failed: {_short(exc)}") from None
+
+    def _get_json(self, path: str) -> Any:
+        body, _ = self._get(path)
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise BadPayload(f"{path} did not answer JSON") from None
+
+    def health(self) -> bool:
+        """True on 200; a 503 (engine dead) raises :class:`TargetHTTPError`."""
+        self._get("/health")
+        return True
+
+    def info(self) -> ServerInfo:
+        """``/version`` and ``/v1/models`` together."""
+        return ServerInfo.from_json(self._get_json("/version"), self._get_json("/v1/models"))
+
+    def metrics_text(self) -> str:
+        """The raw ``/metrics`` text, checked to be Prometheus text with ``vllm:`` families."""
+        body, content_type = self._get("/metrics")
+        if "html" in content_type.lower() or body.lstrip()[:1] == b"<":
+            raise NotVllm(f"{self.base_url}/metrics answered an HTML page, not Prometheus metrics")
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadMetricsPayload("/metrics is not UTF-8 text") from None
+        if "\nvllm:" not in text and not text.startswith("vllm:"):
+            raise NotVllm(
+                f"{self.base_url}/metrics has no vllm: metrics (not a vLLM server, "
+                "or one started with --disable-log-stats)"
+            )
+        return text
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+__all__ = [
+    "DEFAULT_API_KEY_ENV",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "ServerInfo",
+    "TargetError",
+    "VllmClient",
+    "api_key_from_env",
+    "normalize_url",
+]
