@@ -74,8 +74,12 @@ def decode_line(line: str, line_no: int) -> Record:
     info = obj.get("info") if isinstance(obj.get("info"), dict) else None
     gpus = obj.get("gpus") if isinstance(obj.get("gpus"), list) else None
     return Record(
-        float(ts), target, metrics if isinstance(metrics, str) else None,
-        error if isinstance(error, str) else None, info, gpus,
+        float(ts),
+        target,
+        metrics if isinstance(metrics, str) else None,
+        error if isinstance(error, str) else None,
+        info,
+        gpus,
     )
 
 
@@ -115,7 +119,7 @@ def scrapes_from_records(records: Iterable[Record]) -> Iterator[Scrape]:
 
 def _open_text(path: Path, mode: str) -> IO[str]:
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
+        return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8")
     return open(path, mode, encoding="utf-8")
 
 

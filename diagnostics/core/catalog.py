@@ -209,7 +209,9 @@ def _engine_key(labels: Mapping[str, str]) -> EngineKey:
     return (labels.get("model_name", ""), labels.get("engine", ""))
 
 
-def _first_present(spellings: Iterable[str], names: Mapping[str, list[Sample]], suffixes: tuple[str, ...]):
+def _first_present(
+    spellings: Iterable[str], names: Mapping[str, list[Sample]], suffixes: tuple[str, ...]
+) -> tuple[str, list[Sample]] | tuple[None, None]:
     for name in spellings:
         for suffix in suffixes:
             if name + suffix in names:

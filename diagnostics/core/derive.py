@@ -56,9 +56,7 @@ def restarted(prev: Snapshot, cur: Snapshot) -> bool:
     return a is not None and b is not None and a != b
 
 
-def _points(
-    scrapes: Sequence[Scrape], pick: Callable[[Snapshot], float | None]
-) -> list[tuple[float, float, bool]]:
+def _points(scrapes: Sequence[Scrape], pick: Callable[[Snapshot], float | None]) -> list[tuple[float, float, bool]]:
     """``(ts, value, restarted since the previous point)`` for the scrapes that carry the value."""
     out: list[tuple[float, float, bool]] = []
     prev: Snapshot | None = None
@@ -240,9 +238,7 @@ def _labelled_rates(scrapes: Sequence[Scrape], concept: str) -> dict[str, float]
         return None
     labels = sorted({label for _, m in present for label in m})
     seconds = present[-1][0] - present[0][0]
-    return {
-        label: increase([m[label] for _, m in present if label in m]) / seconds for label in labels
-    }
+    return {label: increase([m[label] for _, m in present if label in m]) / seconds for label in labels}
 
 
 def derive_state(history: Sequence[Scrape], window_seconds: float = 60.0, end: float | None = None) -> DerivedState:
@@ -286,9 +282,7 @@ def derive_state(history: Sequence[Scrape], window_seconds: float = 60.0, end: f
     )
 
 
-def rate_series(
-    history: Sequence[Scrape], concept: str, engine: EngineKey | None = None
-) -> list[tuple[float, float]]:
+def rate_series(history: Sequence[Scrape], concept: str, engine: EngineKey | None = None) -> list[tuple[float, float]]:
     """Per-interval rate of a counter between consecutive scrapes that carry it (for plotting);
     a reset contributes the post-reset value, never a negative rate."""
     points = _points(history, lambda s: s.value(concept, engine))

@@ -33,8 +33,6 @@ class ServerInfo:
         return cls(str(version) if version is not None else None, model, max_model_len, version_json, models_json)
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class TargetStatus:
     """The collector's view of its target, kept beside the history.

@@ -1,0 +1,263 @@
+"""The headless CLI: ``python -m diagnostics record|status`` (same core as the app).
+
+Exit codes: 0 ok; 2 bad usage; 3 target unreachable, timing out or answering errors; 4 not a vLLM
+server; 5 unreadable recording or output file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from diagnostics.collector import Collector
+from diagnostics.core.derive import DerivedState, derive_state
+from diagnostics.core.info import ServerInfo
+from diagnostics.errors import BadRecording, NotVllm, TargetError
+from diagnostics.recording import RecordingWriter, read_recording
+from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV, VllmClient, api_key_from_env
+
+EXIT_TARGET = 3
+EXIT_NOT_VLLM = 4
+EXIT_FILE = 5
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _client(args: argparse.Namespace) -> VllmClient:
+    try:
+        return VllmClient(args.url, api_key_from_env(args.api_key_env), timeout_seconds=args.timeout)
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
+
+
+def _check_first(client: VllmClient) -> None:
+    """Fail fast, with one line, when the target is not there or not vLLM."""
+    try:
+        client.metrics_text()
+    except NotVllm as exc:
+        raise CliError(str(exc), EXIT_NOT_VLLM) from None
+    except TargetError as exc:
+        raise CliError(str(exc), EXIT_TARGET) from None
+
+
+def _collect(client: VllmClient, seconds: float, interval: float, writer: RecordingWriter | None) -> Collector:
+    collector = Collector(client, interval_seconds=interval, retention_seconds=max(seconds, interval) + 60)
+    if writer is not None:
+        collector.add_sink(writer.write)
+    deadline = time.monotonic() + seconds
+    while True:
+        collector.scrape_once()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        time.sleep(min(interval, remaining))
+    return collector
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    client = _client(args)
+    _check_first(client)
+    try:
+        writer = RecordingWriter(args.out)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.out}: {exc.strerror}", EXIT_FILE) from None
+    with writer:
+        collector = _collect(client, args.seconds, args.interval, writer)
+    status = collector.status()
+    print(
+        f"recorded {writer.num_records} scrapes of {client.base_url} to {args.out} ({status.num_failures} failed)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def status_object(
+    state: DerivedState, info: ServerInfo | None, *, target: str | None, up: bool, target_state: str, error: str | None
+) -> dict[str, Any]:
+    """The ``status --json`` object: absent values are null, never 0."""
+    config = state.cache_config
+    obj: dict[str, Any] = {
+        "target": target,
+        "state": target_state,
+        "up": up,
+        "error": error,
+        "ts": state.ts,
+        "window_seconds": state.window_seconds,
+        "version": info.version if info else None,
+        "model": info.model if info else None,
+        "max_model_len": info.max_model_len if info else None,
+        "kv_cache_usage_perc": state.kv_cache_usage_perc,
+        "kv_cache_used_blocks": state.kv_cache_used_blocks,
+        "kv_cache_used_tokens": state.kv_cache_used_tokens,
+        "num_requests_running": state.num_requests_running,
+        "num_requests_waiting": state.num_requests_waiting,
+        "num_requests_waiting_by_reason": state.num_requests_waiting_by_reason,
+        "num_requests_swapped": state.num_requests_swapped,
+        "prefix_cache_hit_rate": state.prefix_cache_hit_rate,
+        "prefix_cache_queries_rate": state.prefix_cache_queries_rate,
+        "prefix_cache_hits_rate": state.prefix_cache_hits_rate,
+        "num_preemptions_rate": state.num_preemptions_rate,
+        "num_preemptions_in_window": state.num_preemptions_in_window,
+        "prompt_tokens_rate": state.prompt_tokens_rate,
+        "generation_tokens_rate": state.generation_tokens_rate,
+        "request_success_rate": state.request_success_rate,
+    }
+    for concept, short in (
+        ("time_to_first_token_seconds", "ttft"),
+        ("inter_token_latency_seconds", "itl"),
+        ("e2e_request_latency_seconds", "e2e"),
+        ("request_queue_time_seconds", "queue"),
+    ):
+        for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+            obj[f"{short}_{name}_seconds"] = _finite(state.quantile(concept, q))
+    for key in (
+        "block_size",
+        "num_gpu_blocks",
+        "gpu_memory_utilization",
+        "cache_dtype",
+        "enable_prefix_caching",
+        "kv_cache_memory_bytes",
+        "kv_cache_size_tokens",
+        "kv_cache_max_concurrency",
+    ):
+        obj[key] = getattr(config, key) if config is not None else None
+    return obj
+
+
+def _fmt(value: Any, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value * scale:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def render_status(obj: dict[str, Any]) -> str:
+    """The human-readable status: one fact a line, absent values as a dash."""
+    state = obj["state"] + (f" ({obj['error']})" if obj.get("error") else "")
+    lines = [
+        f"target        {obj['target']}  [{state}]",
+        f"vLLM          {_fmt(obj['version'])}   model {_fmt(obj['model'])}   max_model_len {_fmt(obj['max_model_len'])}",
+        f"KV cache      {_fmt(obj['kv_cache_usage_perc'], ' %', 100)} used"
+        f"   {_fmt(obj['kv_cache_used_blocks'], digits=0)} of {_fmt(obj['num_gpu_blocks'])} blocks"
+        f" × {_fmt(obj['block_size'])} tokens",
+        f"requests      running {_fmt(obj['num_requests_running'], digits=0)}"
+        f"   waiting {_fmt(obj['num_requests_waiting'], digits=0)}",
+        f"prefix cache  hit rate {_fmt(obj['prefix_cache_hit_rate'], ' %', 100)} over {obj['window_seconds']:g} s"
+        f"   (caching {'on' if obj['enable_prefix_caching'] else 'off' if obj['enable_prefix_caching'] is False else '—'})",
+        f"preemptions   {_fmt(obj['num_preemptions_rate'], '/s', digits=2)}",
+        f"throughput    prompt {_fmt(obj['prompt_tokens_rate'], ' tok/s')}"
+        f"   generation {_fmt(obj['generation_tokens_rate'], ' tok/s')}",
+        f"TTFT          p50 {_fmt(obj['ttft_p50_seconds'], ' ms', 1000)}   p95 {_fmt(obj['ttft_p95_seconds'], ' ms', 1000)}",
+        f"ITL           p50 {_fmt(obj['itl_p50_seconds'], ' ms', 1000)}   p95 {_fmt(obj['itl_p95_seconds'], ' ms', 1000)}",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.replay:
+        try:
+            recording = read_recording(args.replay)
+        except BadRecording as exc:
+            raise CliError(f"{args.replay}: {exc}", EXIT_FILE) from None
+        for problem in recording.problems:
+            print(f"warning: {args.replay}: {problem} (skipped)", file=sys.stderr)
+        scrapes = recording.scrapes()
+        last = scrapes[-1]
+        state = derive_state(scrapes, args.window)
+        obj = status_object(
+            state,
+            recording.info(),
+            target=recording.target,
+            up=last.snapshot is not None,
+            target_state="up" if last.snapshot is not None else "down",
+            error=last.error,
+        )
+    else:
+        client = _client(args)
+        _check_first(client)
+        collector = _collect(client, args.seconds, args.interval, None)
+        status = collector.status()
+        obj = status_object(
+            derive_state(collector.history(), args.window),
+            status.info,
+            target=client.base_url,
+            up=status.state == "up",
+            target_state=status.state,
+            error=status.error,
+        )
+    print(json.dumps(obj, indent=1) if args.json else render_status(obj))
+    return 0
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m diagnostics", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def target_args(p: argparse.ArgumentParser, required: bool) -> None:
+        p.add_argument("--url", required=required, help="base URL of the vLLM server, e.g. http://127.0.0.1:8000")
+        p.add_argument(
+            "--api-key-env",
+            default=DEFAULT_API_KEY_ENV,
+            metavar="VAR",
+            help=f"environment variable holding the API key (default {DEFAULT_API_KEY_ENV})",
+        )
+        p.add_argument("--interval", type=_positive, default=1.0, help="seconds between scrapes (min 0.25)")
+        p.add_argument("--timeout", type=_positive, default=2.0, help="per-request timeout, seconds")
+
+    record = sub.add_parser("record", help="scrape a server for N seconds into a recording (.jsonl or .jsonl.gz)")
+    target_args(record, required=True)
+    record.add_argument("--seconds", type=_positive, required=True)
+    record.add_argument("--out", required=True, help="output file; .gz compresses")
+    record.set_defaults(func=cmd_record)
+
+    status = sub.add_parser("status", help="the current derived state of a server or a recording")
+    target_args(status, required=False)
+    status.add_argument("--replay", help="a recording: the state at its end")
+    status.add_argument("--seconds", type=_positive, default=2.0, help="with --url: seconds to collect first")
+    status.add_argument("--window", type=_positive, default=60.0, help="window for rates and quantiles, seconds")
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    status.set_defaults(func=cmd_status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "status" and bool(args.url) == bool(args.replay):
+        parser.error("status needs exactly one of --url or --replay")
+    if getattr(args, "interval", 1.0) < 0.25:
+        parser.error("--interval must be at least 0.25 s")
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Attach to a real vllm serve: catalog, collector, recordings and the CLI, end to end."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diagnostics.collector import Collector
+from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES
+from diagnostics.core.derive import derive_state, prefix_cache_hit_rate, rate_series, window
+from diagnostics.recording import RecordingWriter, read_recording
+from diagnostics.sources.vllm_http import VllmClient
+from tests.integration import load
+from tests.integration.vllm_server import VllmServer
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+V0_ONLY = {"num_requests_swapped", "cpu_cache_usage_perc", "gpu_prefix_cache_hit_rate"}
+
+
+def collector_for(server: VllmServer, interval: float = 0.25) -> Collector:
+    return Collector(VllmClient(server.url), interval_seconds=interval).start()
+
+
+def wait_for(predicate, timeout: float = 30.0, step: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "diagnostics", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_every_concept_is_present_on_032(vllm_main: VllmServer) -> None:
+    collector = collector_for(vllm_main)
+    load.completions(vllm_main.url, 4, max_tokens=8)
+    assert wait_for(lambda: len(collector.history()) >= 3)
+    collector.stop()
+    snap = collector.history()[-1].snapshot
+    assert snap is not None
+    for concept in (*GAUGES, *COUNTERS, *HISTOGRAMS, *LABELLED_GAUGES, *LABELLED_COUNTERS):
+        assert snap.has(concept) == (concept not in V0_ONLY), concept
+    config = snap.cache_config
+    assert config is not None and config.block_size == 128 and config.num_gpu_blocks == 1024
+    assert config.kv_cache_memory_bytes == 64 * 1024 * 1024
+    status = collector.status()
+    assert status.state == "up" and status.info is not None
+    assert (status.info.version, status.info.model, status.info.max_model_len) == ("0.32.0", "tiny", 2048)
+
+
+def test_running_moves_under_a_30_request_burst(vllm_main: VllmServer) -> None:
+    collector = collector_for(vllm_main)
+    thread, results = load.in_background(vllm_main.url, 30, max_tokens=256)
+    thread.join(120)
+    time.sleep(0.6)
+    collector.stop()
+    running = [s.snapshot.value("num_requests_running") for s in collector.history() if s.snapshot]
+    assert results == [200] * 30
+    assert max(running) >= 10 and running[-1] == 0
+    state = derive_state(collector.history())
+    assert state.generation_tokens_rate and state.generation_tokens_rate > 0
+    assert state.quantile("inter_token_latency_seconds", 0.95) is not None
+
+
+def test_waiting_moves_when_the_kv_budget_is_tiny(vllm_tiny: VllmServer) -> None:
+    collector = collector_for(vllm_tiny)
+    thread, results = load.in_background(vllm_tiny.url, 30, max_tokens=200)
+    thread.join(180)
+    time.sleep(0.6)
+    collector.stop()
+    snaps = [s.snapshot for s in collector.history() if s.snapshot]
+    assert results == [200] * 30
+    assert max(s.value("num_requests_waiting") or 0 for s in snaps) > 0
+    assert max(s.value("kv_cache_usage_perc") or 0 for s in snaps) >= 0.99
+    preempted = [s.value("num_preemptions") or 0 for s in snaps]
+    assert preempted[-1] > preempted[0]
+    assert derive_state(collector.history(), 120).num_preemptions_rate > 0
+
+
+def test_windowed_prefix_hit_rate_rises_when_a_long_prompt_repeats(vllm_main: VllmServer) -> None:
+    rng = random.Random()
+    prompt = " ".join(f"w{rng.randint(0, 10**6)}" for _ in range(150))
+    collector = collector_for(vllm_main)
+    assert wait_for(lambda: len(collector.history()) >= 2)
+    load.completions(vllm_main.url, 1, prompt=prompt, max_tokens=4)
+    time.sleep(0.6)
+    first = prefix_cache_hit_rate(collector.history())
+    for _ in range(5):
+        load.completions(vllm_main.url, 1, prompt=prompt, max_tokens=4)
+    time.sleep(0.6)
+    collector.stop()
+    after = prefix_cache_hit_rate(collector.history())
+    recent = prefix_cache_hit_rate(window(collector.history(), 1.5))
+    assert first is not None and first < 0.05
+    assert after is not None and after > 0.5
+    assert recent is None or recent > after  # the window forgets the first miss
+
+
+def test_kill9_then_restart_keeps_history_and_gives_no_negative_rate(vllm_tiny: VllmServer, tmp_path: Path) -> None:
+    interval = 0.5
+    collector = collector_for(vllm_tiny, interval)
+    load.completions(vllm_tiny.url, 4, max_tokens=16)
+    assert wait_for(lambda: collector.status().state == "up")
+    time.sleep(1.0)
+    before = len(collector.history())
+    vllm_tiny.kill9()
+    killed_at = time.time()
+    assert wait_for(lambda: collector.status().state == "down", timeout=2 * interval + 2.5)
+    status = collector.status()
+    assert status.since is not None and status.since - killed_at <= 2 * interval + 0.1
+    assert len(collector.history()) >= before
+    vllm_tiny.start().wait_ready()
+    load.completions(vllm_tiny.url, 2, max_tokens=16)
+    assert wait_for(lambda: collector.status().state == "up", timeout=10)
+    time.sleep(1.5)
+    collector.stop()
+    history = collector.history()
+    assert any(s.snapshot is None for s in history)
+    assert history[0].snapshot is not None and history[-1].snapshot is not None
+    for concept in ("generation_tokens", "prompt_tokens", "num_preemptions"):
+        assert all(v >= 0 for _, v in rate_series(history, concept)), concept
+    assert derive_state(history, 3600).generation_tokens_rate >= 0
+
+
+def test_replay_of_a_live_recording_gives_the_live_derived_state(vllm_main: VllmServer, tmp_path: Path) -> None:
+    collector = Collector(VllmClient(vllm_main.url), interval_seconds=0.25)
+    path = tmp_path / "live.jsonl.gz"
+    with RecordingWriter(path) as writer:
+        collector.add_sink(writer.write)
+        collector.start()
+        load.completions(vllm_main.url, 10, max_tokens=32)
+        time.sleep(0.6)
+        collector.stop()
+    replay = read_recording(path)
+    assert len(replay.records) == len(collector.history())
+    assert derive_state(replay.scrapes()) == derive_state(collector.history())
+
+
+def test_cli_record_then_status_as_a_user_types_them(vllm_main: VllmServer, tmp_path: Path) -> None:
+    out = tmp_path / "incident.jsonl.gz"
+    thread, _ = load.in_background(vllm_main.url, 20, max_tokens=128)
+    rec = cli("record", "--url", vllm_main.url, "--seconds", "3", "--interval", "0.5", "--out", str(out))
+    thread.join(120)
+    assert rec.returncode == 0, rec.stderr
+    assert "recorded" in rec.stderr and out.exists()
+    status = cli("status", "--replay", str(out), "--json")
+    assert status.returncode == 0, status.stderr
+    obj = json.loads(status.stdout)
+    for key in (
+        "version", "model", "up", "kv_cache_usage_perc", "num_requests_running", "num_requests_waiting",
+        "prefix_cache_hit_rate", "num_preemptions_rate", "ttft_p95_seconds", "itl_p95_seconds",
+        "block_size", "num_gpu_blocks",
+    ):
+        assert key in obj, key
+    assert obj["version"] == "0.32.0" and obj["model"] == "tiny" and obj["up"] is True
+    assert obj["block_size"] == 128 and obj["num_gpu_blocks"] == 1024
+    assert obj["generation_tokens_rate"] > 0
+    live = cli("status", "--url", vllm_main.url, "--json")
+    assert live.returncode == 0, live.stderr
+    assert json.loads(live.stdout)["state"] == "up"
+    human = cli("status", "--url", vllm_main.url)
+    assert "KV cache" in human.stdout and "0.32.0" in human.stdout
+
+
+def test_cli_errors_are_one_line_with_a_non_zero_exit(tmp_path: Path) -> None:
+    from tests.integration.vllm_server import free_port
+
+    down = cli("status", "--url", f"http://127.0.0.1:{free_port()}")
+    assert down.returncode == 3 and down.stderr.count("\n") == 1 and "cannot reach" in down.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("this is not a recording\n")
+    replay = cli("status", "--replay", str(bad))
+    assert replay.returncode == 5 and "line 1" in replay.stderr
+
+
+def test_cli_refuses_a_prometheus_endpoint_that_is_not_vllm(tmp_path: Path) -> None:
+    from tests.integration.vllm_server import free_port
+
+    port = free_port()
+    (tmp_path / "metrics").write_text("# TYPE node_load1 gauge\nnode_load1 0.5\n")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=tmp_path,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert wait_for(lambda: cli("status", "--url", f"http://127.0.0.1:{port}").returncode != 3, timeout=10)
+        result = cli("status", "--url", f"http://127.0.0.1:{port}")
+        assert result.returncode == 4 and "no vllm: metrics" in result.stderr
+    finally:
+        server.terminate()

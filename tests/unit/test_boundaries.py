@@ -1,0 +1,41 @@
+"""The pure core stays pure: no Streamlit, httpx or NVML import, enforced two ways."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_core_imports_with_streamlit_httpx_and_nvml_absent() -> None:
+    code = (
+        "import sys\n"
+        "for name in ('streamlit', 'httpx', 'pynvml'):\n"
+        "    sys.modules[name] = None\n"
+        "import diagnostics.core.catalog, diagnostics.core.derive, diagnostics.core.parse, diagnostics.core.info\n"
+        "import diagnostics.recording\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_ruff_bans_io_imports_in_the_core() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "TID251", "diagnostics"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "TID251", "--stdin-filename", "diagnostics/core/x.py", "-"],
+        input="import streamlit\n",
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1 and "TID251" in bad.stdout

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx
+
+from diagnostics.collector import Collector
+from diagnostics.core.derive import rate_series
+from diagnostics.sources.vllm_http import VllmClient
+from tests.conftest import fixture_text
+
+
+class FakeServer:
+    """A MockTransport handler whose behaviour the test switches: up, down, garbage, not vLLM."""
+
+    def __init__(self) -> None:
+        self.mode = "up"
+        self.metrics_requests = 0
+        self.generation = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.mode == "down":
+            raise httpx.ConnectError("refused", request=request)
+        if request.url.path == "/metrics":
+            self.metrics_requests += 1
+            if self.mode == "not_vllm":
+                return httpx.Response(200, text="node_load1 1\n")
+            if self.mode == "truncated":
+                return httpx.Response(200, text='vllm:num_requests_running{engine="0",mod')
+            self.generation += 100
+            text = re.sub(
+                r"(vllm:generation_tokens_total\{[^}]*\}) \S+",
+                rf"\g<1> {self.generation}",
+                fixture_text("metrics-0.32.0-idle.txt"),
+            )
+            return httpx.Response(200, text=text)
+        if request.url.path == "/version":
+            return httpx.Response(200, json={"version": "0.32.0"})
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, text=fixture_text("models-0.32.0.json"))
+        return httpx.Response(200)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(server: FakeServer, clock: Clock, **kw: float) -> Collector:
+    client = VllmClient("http://fake:8000", transport=httpx.MockTransport(server))
+    return Collector(client, clock=clock, **kw)
+
+
+def test_down_since_first_failure_and_history_kept_across_the_gap() -> None:
+    server, clock = FakeServer(), Clock()
+    collector = make(server, clock)
+    for mode in ("up", "up", "down", "down", "up"):
+        server.mode = mode
+        collector.scrape_once()
+        if mode == "down" and collector.status().state == "down":
+            assert collector.status().since == 1002.0
+        clock.now += 1
+    history = collector.history()
+    assert [s.snapshot is not None for s in history] == [True, True, False, False, True]
+    assert "cannot reach" in (history[2].error or "")
+    assert collector.status().state == "up" and collector.status().since == 1004.0
+    assert all(v >= 0 for _, v in rate_series(history, "generation_tokens"))
+
+
+def test_not_vllm_and_garbage_are_states_not_crashes() -> None:
+    server, clock = FakeServer(), Clock()
+    collector = make(server, clock)
+    server.mode = "not_vllm"
+    collector.scrape_once()
+    assert collector.status().state == "not_vllm"
+    server.mode = "truncated"
+    collector.scrape_once()
+    status = collector.status()
+    assert status.state == "down" and "line 1" in (status.error or "")
+
+
+def test_stale_when_the_last_good_scrape_is_old() -> None:
+    server, clock = FakeServer(), Clock()
+    collector = make(server, clock)
+    collector.scrape_once()
+    clock.now += 60
+    assert collector.status().state == "stale"
+
+
+def test_history_is_bounded_by_retention() -> None:
+    server, clock = FakeServer(), Clock()
+    collector = make(server, clock, interval_seconds=1.0, retention_seconds=10.0)
+    for _ in range(50):
+        collector.scrape_once()
+        clock.now += 1
+    history = collector.history()
+    assert len(history) <= 11 and history[-1].ts - history[0].ts <= 10
+
+
+def test_info_is_read_once_and_carried_on_the_first_record() -> None:
+    server, clock = FakeServer(), Clock()
+    collector = make(server, clock)
+    records = []
+    collector.add_sink(records.append)
+    for _ in range(3):
+        collector.scrape_once()
+        clock.now += 1
+    assert collector.status().info is not None and collector.status().info.model == "tiny"
+    assert records[0].info is not None and records[1].info is None
+
+
+def test_many_readers_share_one_scrape_per_interval() -> None:
+    server = FakeServer()
+    client = VllmClient("http://fake:8000", transport=httpx.MockTransport(server))
+    collector = Collector(client, interval_seconds=0.25).start()
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            collector.history()
+            collector.status()
+
+    readers = [threading.Thread(target=reader) for _ in range(20)]
+    for t in readers:
+        t.start()
+    time.sleep(1.6)
+    stop.set()
+    collector.stop()
+    for t in readers:
+        t.join()
+    assert 4 <= server.metrics_requests <= 8
