@@ -9,6 +9,7 @@ tried in order, newest first; version ranges are in ``shared/reference/metric-ve
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -205,8 +206,56 @@ class Snapshot:
         return total
 
 
+# History holds thousands of snapshots: share the strings, bounds and configs they repeat.
+_BOUNDS: dict[tuple[float, ...], tuple[float, ...]] = {}
+_LE: dict[str, float] = {}
+_CONFIGS: dict[frozenset[tuple[str, str]], CacheConfig] = {}
+_INTERN_LIMIT = 4096
+
+
 def _engine_key(labels: Mapping[str, str]) -> EngineKey:
-    return (labels.get("model_name", ""), labels.get("engine", ""))
+    return (sys.intern(labels.get("model_name", "")), sys.intern(labels.get("engine", "")))
+
+
+def _shared_bounds(bounds: tuple[float, ...]) -> tuple[float, ...]:
+    if len(_BOUNDS) > _INTERN_LIMIT:
+        _BOUNDS.clear()
+    return _BOUNDS.setdefault(bounds, bounds)
+
+
+def _le(text: str) -> float | None:
+    bound = _LE.get(text)
+    if bound is None:
+        try:
+            bound = float(text)
+        except ValueError:
+            return None
+        if len(_LE) > _INTERN_LIMIT:
+            _LE.clear()
+        _LE[text] = bound
+    return bound
+
+
+def _shared_config(labels: Mapping[str, str]) -> CacheConfig:
+    key = frozenset(labels.items())
+    config = _CONFIGS.get(key)
+    if config is None:
+        if len(_CONFIGS) > 64:
+            _CONFIGS.clear()
+        config = _CONFIGS[key] = CacheConfig.from_labels(labels)
+    return config
+
+
+def _plateau_shared(values: list[float]) -> tuple[float, ...]:
+    """Cumulative counts plateau: let equal neighbours share one float object."""
+    out: list[float] = []
+    prev: float | None = None
+    for v in values:
+        if prev is not None and v == prev:
+            v = prev
+        out.append(v)
+        prev = v
+    return tuple(out)
 
 
 def _first_present(
@@ -223,11 +272,8 @@ def _histogram_from(name: str, names: Mapping[str, list[Sample]]) -> dict[Engine
     buckets: dict[EngineKey, list[tuple[float, float]]] = {}
     for sample in names.get(name + "_bucket", ()):
         le = sample.labels.get("le")
-        if le is None:
-            continue
-        try:
-            bound = float(le)
-        except ValueError:
+        bound = _le(le) if le is not None else None
+        if bound is None:
             continue
         buckets.setdefault(_engine_key(sample.labels), []).append((bound, sample.value))
     sums = {_engine_key(s.labels): s.value for s in names.get(name + "_sum", ())}
@@ -235,10 +281,10 @@ def _histogram_from(name: str, names: Mapping[str, list[Sample]]) -> dict[Engine
     out: dict[EngineKey, Histogram] = {}
     for key, pairs in buckets.items():
         pairs.sort()
-        bounds = tuple(b for b, _ in pairs)
+        bounds = _shared_bounds(tuple(b for b, _ in pairs))
         if not bounds or bounds[-1] != math.inf:
             continue
-        cumulative = tuple(c for _, c in pairs)
+        cumulative = _plateau_shared([c for _, c in pairs])
         out[key] = Histogram(bounds, cumulative, sums.get(key, math.nan), counts.get(key, cumulative[-1]))
     return out
 
@@ -296,7 +342,7 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> Snapshot:
     info = names.get(CACHE_CONFIG)
     if info:
         engine0 = min(info, key=lambda s: s.labels.get("engine", ""))
-        cache_config = CacheConfig.from_labels(engine0.labels)
+        cache_config = _shared_config(engine0.labels)
         spellings["cache_config"] = CACHE_CONFIG
 
     return Snapshot(gauges, counters, labelled, histograms, cache_config, spellings, process_start)
