@@ -199,6 +199,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             target_state=status.state,
             error=status.error,
         )
+        if status.info_error:
+            print(f"warning: {status.info_error}", file=sys.stderr)
     print(json.dumps(obj, indent=1) if args.json else render_status(obj))
     return 0
 

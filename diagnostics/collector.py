@@ -67,6 +67,7 @@ class Collector:
         self._info: ServerInfo | None = None
         self._info_ts: float | None = None
         self._info_dirty = False
+        self._info_error: str | None = None
         self._health_ts: float | None = None
         self._engine_dead: str | None = None
         self._num_scrapes = 0
@@ -103,6 +104,7 @@ class Collector:
                 info=self._info,
                 num_scrapes=self._num_scrapes,
                 num_failures=self._num_failures,
+                info_error=self._info_error,
             )
 
     @property
@@ -244,9 +246,12 @@ class Collector:
         self._info_ts = ts
         try:
             info = self.client.info()
-        except TargetError:
+        except TargetError as exc:
+            with self._lock:
+                self._info_error = str(exc)
             return False
         with self._lock:
+            self._info_error = None
             # /v1/models stamps "created" with the request time: compare what it means.
             changed = self._info is None or (info.version, info.model, info.max_model_len) != (
                 self._info.version,

@@ -38,7 +38,9 @@ class TargetStatus:
     """The collector's view of its target, kept beside the history.
 
     ``since`` is when the current state began (for *down*: the first failed scrape after the last
-    good one). ``error`` is the last failure's message, with no secret in it.
+    good one). ``error`` is the last failure's message, with no secret in it. ``info_error`` says
+    why ``/version`` or ``/v1/models`` could not be read (vLLM guards ``/v1`` with ``--api-key``
+    while ``/metrics`` stays open, so a missing key shows up only there).
     """
 
     target: str
@@ -50,3 +52,4 @@ class TargetStatus:
     info: ServerInfo | None
     num_scrapes: int
     num_failures: int
+    info_error: str | None = None

@@ -150,9 +150,15 @@ def test_replay_of_a_live_recording_gives_the_live_derived_state(vllm_main: Vllm
 
 def test_cli_record_then_status_as_a_user_types_them(vllm_main: VllmServer, tmp_path: Path) -> None:
     out = tmp_path / "incident.jsonl.gz"
-    thread, _ = load.in_background(vllm_main.url, 20, max_tokens=128)
-    rec = cli("record", "--url", vllm_main.url, "--seconds", "3", "--interval", "0.5", "--out", str(out))
-    thread.join(120)
+    recorder = subprocess.Popen(
+        [sys.executable, "-m", "diagnostics", "record", "--url", vllm_main.url, "--seconds", "6",
+         "--interval", "0.5", "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert wait_for(lambda: out.exists() and out.stat().st_size > 0, timeout=20)
+    load.completions(vllm_main.url, 20, max_tokens=128)
+    _, stderr = recorder.communicate(timeout=60)
+    rec = subprocess.CompletedProcess(recorder.args, recorder.returncode, "", stderr)
     assert rec.returncode == 0, rec.stderr
     assert "recorded" in rec.stderr and out.exists()
     status = cli("status", "--replay", str(out), "--json")

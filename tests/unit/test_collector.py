@@ -134,3 +134,17 @@ def test_many_readers_share_one_scrape_per_interval() -> None:
     for t in readers:
         t.join()
     assert 4 <= server.metrics_requests <= 8
+
+
+def test_a_401_on_v1_models_is_reported_while_metrics_keep_flowing() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/v1"):
+            return httpx.Response(401)
+        return FakeServer()(request)
+
+    client = VllmClient("http://fake:8000", transport=httpx.MockTransport(handler))
+    collector = Collector(client, clock=Clock())
+    collector.scrape_once()
+    status = collector.status()
+    assert status.state == "up" and status.info is None
+    assert status.info_error is not None and "check the API key" in status.info_error
