@@ -87,7 +87,11 @@ class CountingProxy:
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.startswith("/metrics"):
                     proxy.count += 1
-                upstream_resp = client.get(self.path)
+                try:
+                    upstream_resp = client.get(self.path)
+                except httpx.HTTPError:
+                    self.send_error(502)
+                    return
                 body = upstream_resp.content
                 self.send_response(upstream_resp.status_code)
                 self.send_header("Content-Type", upstream_resp.headers.get("content-type", "text/plain"))

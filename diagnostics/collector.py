@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from diagnostics.sources.vllm_http import VllmClient, normalize_url
 MIN_INTERVAL_SECONDS = 0.25
 DEFAULT_INTERVAL_SECONDS = 1.0
 DEFAULT_RETENTION_SECONDS = 3600.0
+DEFAULT_RAW_RETENTION_SECONDS = 900.0
 INFO_REFRESH_SECONDS = 60.0
 HEALTH_EVERY_SECONDS = 5.0
 STALE_AFTER_INTERVALS = 3
@@ -42,6 +44,7 @@ class Collector:
         *,
         interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        raw_retention_seconds: float = DEFAULT_RAW_RETENTION_SECONDS,
         gpu_reader: GpuReader | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -55,6 +58,10 @@ class Collector:
         self._clock = clock
         self._history: deque[Scrape] = deque(maxlen=int(retention_seconds / interval_seconds) + 1)
         self._gpus: deque[tuple[float, list[dict[str, Any]]]] = deque(maxlen=self._history.maxlen)
+        # The raw text of recent scrapes, compressed, for "save snapshot" (parsed history cannot
+        # be turned back into a recording).
+        self.raw_retention_seconds = min(raw_retention_seconds, retention_seconds)
+        self._raw: deque[tuple[float, bytes | None, str | None, list[dict[str, Any]] | None]] = deque()
         self._lock = threading.Lock()
         self._sinks: list[Sink] = []
         self._stop = threading.Event()
@@ -79,6 +86,21 @@ class Collector:
         """A copy of the retained scrapes, oldest first."""
         with self._lock:
             return list(self._history)
+
+    def recent_records(self, seconds: float | None = None) -> list[Record]:
+        """The last ``seconds`` of scrapes as recording records (the first one carries info)."""
+        with self._lock:
+            raw = list(self._raw)
+            info = self._info_payload()
+        if seconds is not None and raw:
+            raw = [r for r in raw if r[0] >= raw[-1][0] - seconds]
+        records = []
+        for i, (ts, blob, error, gpus) in enumerate(raw):
+            metrics = zlib.decompress(blob).decode("utf-8") if blob is not None else None
+            records.append(
+                Record(ts, self.target, metrics=metrics, error=error, info=info if i == 0 else None, gpus=gpus)
+            )
+        return records
 
     def gpu_history(self) -> list[tuple[float, list[dict[str, Any]]]]:
         with self._lock:
@@ -194,6 +216,7 @@ class Collector:
             self._last_attempt = ts
             self._num_scrapes += 1
             self._append(scrape, gpus)
+            self._append_raw(ts, zlib.compress(text.encode("utf-8"), 1), None, gpus)
             info_payload = None
             if info_changed or self._info_dirty:
                 info_payload = self._info_payload()
@@ -212,6 +235,7 @@ class Collector:
             self._num_scrapes += 1
             self._num_failures += 1
             self._append(scrape, None)
+            self._append_raw(ts, None, message, None)
             sinks = list(self._sinks)
         self._emit(sinks, Record(ts, self.target, error=message))
         return scrape
@@ -225,6 +249,12 @@ class Collector:
             self._history.popleft()
         while self._gpus and self._gpus[0][0] < horizon:
             self._gpus.popleft()
+
+    def _append_raw(self, ts: float, blob: bytes | None, error: str | None, gpus: list[dict[str, Any]] | None) -> None:
+        self._raw.append((ts, blob, error, gpus))
+        horizon = ts - self.raw_retention_seconds
+        while self._raw and self._raw[0][0] < horizon:
+            self._raw.popleft()
 
     def _check_health(self, ts: float) -> str | None:
         """Every few seconds: a 503 from ``/health`` means the engine died behind a live frontend."""
@@ -313,6 +343,13 @@ def shared_collector(
             _REGISTRY[key] = collector
             collector.start()
         return collector
+
+
+def register(collector: Collector, api_key: str | None = None) -> Collector:
+    """Make ``collector`` the shared one for its target (tests and embedded targets), started."""
+    with _REGISTRY_LOCK:
+        _REGISTRY[_registry_key(collector.target, api_key)] = collector
+    return collector.start()
 
 
 def stop_all() -> None:

@@ -160,6 +160,12 @@ def read_recording(source: str | Path | bytes) -> Recording:
         raise BadRecording("not a text recording (not UTF-8)") from None
 
 
+def encode_recording(records: Iterable[Record], compress: bool = True) -> bytes:
+    """Records → the bytes of a ``.jsonl.gz`` (or ``.jsonl``) file, for a download button."""
+    data = "".join(record.to_json() + "\n" for record in records).encode("utf-8")
+    return gzip.compress(data, compresslevel=6) if compress else data
+
+
 class RecordingWriter:
     """Appends records to a ``.jsonl`` or ``.jsonl.gz`` file, flushing each line so a crash keeps
     what was collected. Thread-safe: the collector thread calls :meth:`write`."""

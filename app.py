@@ -1,0 +1,35 @@
+"""vLLM triage dashboard, the landing page: is the target up, what is it, the numbers to read first.
+
+Run with ``streamlit run app.py``; the other views are in pages/ and share the sidebar.
+"""
+
+import streamlit as st
+
+from diagnostics.core.derive import derive_state
+from diagnostics.errors import DiagnosticsError
+from diagnostics.ui import resources, state, widgets
+
+target = widgets.page("vLLM triage")
+if target is None:
+    st.info("Enter the URL of a running `vllm serve` in the sidebar (for example http://127.0.0.1:8000).")
+    st.stop()
+
+
+@st.fragment(run_every=state.refresh_seconds())
+def overview() -> None:
+    try:
+        collector = resources.collector(target.url, target.api_key)
+        status, history = collector.status(), collector.history()
+    except DiagnosticsError as exc:
+        st.error(str(exc))
+        return
+    widgets.status_banner(status)
+    derived = derive_state(history, state.quantile_window_seconds())
+    st.subheader("Server")
+    widgets.config_card(status.info, derived.cache_config)
+    st.subheader("Now")
+    widgets.headline(derived)
+    widgets.age_caption(history)
+
+
+overview()

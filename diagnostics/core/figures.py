@@ -1,0 +1,309 @@
+"""Plotly figures for the live and replay pages (pure: history in, figure out).
+
+Each builder returns ``None`` when there is nothing honest to draw, and the page shows an empty
+state instead of an empty chart. Units are the ones people use: %, ms, tok/s, GiB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import plotly.graph_objects as go
+
+from diagnostics.core.catalog import CacheConfig, Snapshot
+from diagnostics.core.derive import Scrape
+from diagnostics.core.series import (
+    Series,
+    gauge_series,
+    increase_events,
+    label_picker,
+    labelled_increase,
+    rate_series,
+    rolling_quantiles,
+    rolling_ratio,
+)
+
+GIB = 1024**3
+LATENCY_NAMES = {
+    "time_to_first_token_seconds": "TTFT",
+    "inter_token_latency_seconds": "ITL",
+    "e2e_request_latency_seconds": "end-to-end",
+    "request_queue_time_seconds": "queue time",
+}
+COLORS = {"p50": "#1f77b4", "p95": "#ff7f0e", "p99": "#d62728"}
+
+
+def _times(ts: Sequence[float]) -> list[datetime]:
+    return [datetime.fromtimestamp(t) for t in ts]
+
+
+def _layout(fig: go.Figure, title: str, y_title: str, **kw: Any) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "font": {"size": 15}},
+        yaxis_title=y_title,
+        height=320,
+        margin={"l": 60, "r": 20, "t": 45, "b": 30},
+        legend={"orientation": "h", "y": -0.22},
+        hovermode="x unified",
+        uirevision="keep",  # keep the user's zoom across live refreshes
+        **kw,
+    )
+    return fig
+
+
+def _has_values(series: Series) -> bool:
+    return any(v is not None for v in series.values)
+
+
+def kv_usage_figure(history: Sequence[Scrape], config: CacheConfig | None) -> go.Figure | None:
+    """KV-cache block usage (%), with blocks and tokens in the hover, preemptions marked."""
+    usage = gauge_series(history, lambda s: s.value("kv_cache_usage_perc"))
+    if not _has_values(usage):
+        return None
+    pct = [v * 100 if v is not None else None for v in usage.values]
+    custom = None
+    hover = "%{y:.1f} %"
+    if config is not None and config.num_gpu_blocks:
+        usable = config.num_gpu_blocks - 1  # vLLM's usage excludes the null block
+        block = config.block_size or 0
+        custom = [[(v or 0) * usable, (v or 0) * usable * block] for v in usage.values]
+        hover = "%{y:.1f} % · %{customdata[0]:,.0f} of " + f"{usable:,}" + " blocks · %{customdata[1]:,.0f} tokens"
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=_times(usage.ts),
+            y=pct,
+            name="KV-cache usage",
+            mode="lines",
+            line={"color": "#2ca02c"},
+            customdata=custom,
+            hovertemplate=hover + "<extra></extra>",
+            connectgaps=False,
+        )
+    )
+    events = increase_events(history, lambda s: s.value("num_preemptions"))
+    if events.ts:
+        fig.add_trace(
+            go.Scatter(
+                x=_times(events.ts),
+                y=[100] * len(events.ts),
+                name="preemptions",
+                mode="markers",
+                marker={"symbol": "triangle-down", "size": 11, "color": "#d62728"},
+                customdata=events.values,
+                hovertemplate="%{customdata:.0f} preempted<extra></extra>",
+            )
+        )
+    return _layout(fig, "KV-cache block usage", "% of blocks in use", yaxis_range=[0, 105])
+
+
+def prefix_hit_figure(history: Sequence[Scrape], window_seconds: float) -> go.Figure | None:
+    """Prefix-cache hit rate over a trailing window, with queried and hit token rates."""
+    if not any(s.snapshot is not None and s.snapshot.has("prefix_cache_queries") for s in history):
+        return None
+    ratio = rolling_ratio(
+        history, lambda s: s.value("prefix_cache_hits"), lambda s: s.value("prefix_cache_queries"), window_seconds
+    )
+    queried = rate_series(history, lambda s: s.value("prefix_cache_queries"))
+    hits = rate_series(history, lambda s: s.value("prefix_cache_hits"))
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=_times(ratio.ts),
+            y=[v * 100 if v is not None else None for v in ratio.values],
+            name=f"hit rate ({window_seconds:g} s window)",
+            mode="lines",
+            line={"color": "#9467bd", "width": 3},
+            hovertemplate="%{y:.1f} %<extra>hit rate</extra>",
+        )
+    )
+    for series, name, color in ((queried, "queried tok/s (5 s)", "#7f7f7f"), (hits, "hit tok/s (5 s)", "#17becf")):
+        fig.add_trace(
+            go.Scatter(
+                x=_times(series.ts),
+                y=series.values,
+                name=name,
+                mode="lines",
+                yaxis="y2",
+                line={"color": color, "dash": "dot"},
+                hovertemplate="%{y:,.0f} tok/s<extra>" + name + "</extra>",
+            )
+        )
+    return _layout(
+        fig,
+        "Prefix-cache hit rate",
+        "% of queried tokens hit",
+        yaxis_range=[0, 105],
+        yaxis2={"title": "tokens/s", "overlaying": "y", "side": "right", "rangemode": "tozero"},
+    )
+
+
+def queue_figure(history: Sequence[Scrape], max_num_seqs: int | None) -> go.Figure | None:
+    """Running and waiting requests (waiting by reason when exposed) against the running cap."""
+    running = gauge_series(history, lambda s: s.value("num_requests_running"))
+    if not _has_values(running):
+        return None
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(x=_times(running.ts), y=running.values, name="running", mode="lines", line={"color": "#1f77b4"})
+    )
+    reasons: set[str] = set()
+    for s in history:
+        if s.snapshot is not None:
+            reasons.update((s.snapshot.by_label("num_requests_waiting_by_reason") or {}).keys())
+    if reasons:
+        for reason in sorted(reasons):
+            series = gauge_series(history, label_picker("num_requests_waiting_by_reason", reason))
+            fig.add_trace(
+                go.Scatter(
+                    x=_times(series.ts), y=series.values, name=f"waiting ({reason})", mode="lines", stackgroup="waiting"
+                )
+            )
+    else:
+        waiting = gauge_series(history, lambda s: s.value("num_requests_waiting"))
+        fig.add_trace(
+            go.Scatter(x=_times(waiting.ts), y=waiting.values, name="waiting", mode="lines", line={"color": "#ff7f0e"})
+        )
+    swapped = gauge_series(history, lambda s: s.value("num_requests_swapped"))
+    if _has_values(swapped):
+        fig.add_trace(go.Scatter(x=_times(swapped.ts), y=swapped.values, name="swapped (V0)", mode="lines"))
+    if max_num_seqs:
+        fig.add_hline(
+            y=max_num_seqs,
+            line_dash="dash",
+            line_color="#d62728",
+            annotation_text=f"--max-num-seqs {max_num_seqs}",
+            annotation_position="top left",
+        )
+    return _layout(fig, "Queue depth", "requests", yaxis_rangemode="tozero")
+
+
+def latency_figure(history: Sequence[Scrape], concept: str, window_seconds: float) -> go.Figure | None:
+    """p50 / p95 / p99 of one latency histogram over a trailing window, in ms."""
+    quantiles = rolling_quantiles(history, concept, (0.5, 0.95, 0.99), window_seconds)
+    if quantiles is None or not any(_has_values(s) for s in quantiles.values()):
+        return None
+    fig = go.Figure()
+    for q, series in quantiles.items():
+        label = f"p{round(q * 100)}"
+        fig.add_trace(
+            go.Scatter(
+                x=_times(series.ts),
+                y=[v * 1000 if v is not None else None for v in series.values],
+                name=label,
+                mode="lines",
+                line={"color": COLORS[label]},
+                hovertemplate="%{y:,.1f} ms<extra>" + label + "</extra>",
+            )
+        )
+    name = LATENCY_NAMES.get(concept, concept)
+    return _layout(fig, f"{name} ({window_seconds:g} s window)", "milliseconds", yaxis_rangemode="tozero")
+
+
+def throughput_figure(history: Sequence[Scrape]) -> go.Figure | None:
+    """Prompt and generation tokens per second."""
+    prompt = rate_series(history, lambda s: s.value("prompt_tokens"))
+    gen = rate_series(history, lambda s: s.value("generation_tokens"))
+    if not gen.ts and not prompt.ts:
+        return None
+    fig = go.Figure()
+    for series, name, color in ((prompt, "prompt", "#8c564b"), (gen, "generation", "#2ca02c")):
+        fig.add_trace(
+            go.Scatter(
+                x=_times(series.ts),
+                y=series.values,
+                name=name,
+                mode="lines",
+                line={"color": color},
+                hovertemplate="%{y:,.0f} tok/s<extra>" + name + "</extra>",
+            )
+        )
+    return _layout(fig, "Token throughput (5 s average)", "tokens/s", yaxis_rangemode="tozero")
+
+
+def outcomes_figure(history: Sequence[Scrape]) -> go.Figure | None:
+    """Finished requests by reason over the history shown; None when nothing finished."""
+    counts = labelled_increase(history, "request_success")
+    if not counts or sum(counts.values()) <= 0:
+        return None
+    labels = [k for k, v in counts.items() if v > 0]
+    fig = go.Figure(
+        go.Bar(
+            x=labels,
+            y=[counts[k] for k in labels],
+            marker_color="#1f77b4",
+            hovertemplate="%{y:,.0f} requests<extra>%{x}</extra>",
+        )
+    )
+    return _layout(fig, "Finished requests by reason", "requests", xaxis_title="finished_reason")
+
+
+def gpu_memory_figure(
+    gpus: Sequence[Mapping[str, Any]], config: CacheConfig | None, snapshot: Snapshot | None
+) -> go.Figure | None:
+    """Where the GPU memory went: used vs total per device, the gpu_memory_utilization ceiling,
+    the KV pool and the KV bytes in use."""
+    if not gpus:
+        return None
+    names = [f"GPU {g.get('index')} · {g.get('name', '')}" for g in gpus]
+    used = [g["memory_used_bytes"] / GIB for g in gpus]
+    total = [g["memory_total_bytes"] / GIB for g in gpus]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            y=names,
+            x=total,
+            name="total",
+            orientation="h",
+            marker_color="#e0e0e0",
+            hovertemplate="%{x:.1f} GiB<extra>total</extra>",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            y=names,
+            x=used,
+            name="used (all processes)",
+            orientation="h",
+            marker_color="#1f77b4",
+            hovertemplate="%{x:.1f} GiB<extra>used</extra>",
+        )
+    )
+    if config is not None and config.kv_cache_memory_bytes:
+        pool = config.kv_cache_memory_bytes / GIB
+        fig.add_trace(
+            go.Bar(
+                y=names,
+                x=[pool] * len(gpus),
+                name="KV pool (kv_cache_memory_bytes)",
+                orientation="h",
+                marker_color="#98df8a",
+                width=0.3,
+                hovertemplate="%{x:.2f} GiB<extra>KV pool</extra>",
+            )
+        )
+        usage = snapshot.value("kv_cache_usage_perc") if snapshot is not None else None
+        if usage is not None:
+            fig.add_trace(
+                go.Bar(
+                    y=names,
+                    x=[pool * usage] * len(gpus),
+                    name="KV in use",
+                    orientation="h",
+                    marker_color="#2ca02c",
+                    width=0.3,
+                    hovertemplate="%{x:.2f} GiB<extra>KV in use</extra>",
+                )
+            )
+    if config is not None and config.gpu_memory_utilization:
+        ceiling = config.gpu_memory_utilization * max(total)
+        fig.add_vline(
+            x=ceiling,
+            line_dash="dash",
+            line_color="#d62728",
+            annotation_text=f"gpu_memory_utilization {config.gpu_memory_utilization:g} × total",
+        )
+    fig.update_layout(barmode="overlay")
+    return _layout(fig, "GPU memory", "", xaxis_title="GiB", hovermode="closest", height=160 + 50 * len(gpus))

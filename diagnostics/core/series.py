@@ -1,0 +1,226 @@
+"""Time series for the live charts, computed from the collector's history in one pass each.
+
+Rolling-window values (hit rate, quantiles) at every point would cost O(points × window) done
+naively; here counter and bucket increases are computed once per interval and summed with a
+sliding window, and the output is thinned to at most ``max_points`` points for drawing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from diagnostics.core.catalog import Histogram, Snapshot
+from diagnostics.core.derive import Scrape, histogram_quantile, restarted
+
+DEFAULT_MAX_POINTS = 400
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """Parallel lists; ``None`` marks a gap (a failed scrape or an undefined value)."""
+
+    ts: list[float]
+    values: list[float | None]
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def defined(self) -> list[float]:
+        return [v for v in self.values if v is not None]
+
+
+def _thin(n: int, max_points: int) -> range:
+    step = max(1, math.ceil(n / max_points))
+    # Always keep the newest point: it is the one people look at.
+    start = (n - 1) % step
+    return range(start, n, step)
+
+
+def gauge_series(
+    history: Sequence[Scrape],
+    pick: Callable[[Snapshot], float | None],
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> Series:
+    """A gauge over time; failed scrapes are gaps (None), never zeros."""
+    idx = _thin(len(history), max_points)
+    ts = [history[i].ts for i in idx]
+    values = []
+    for i in idx:
+        snap = history[i].snapshot
+        values.append(pick(snap) if snap is not None else None)
+    return Series(ts, values)
+
+
+def _increments(
+    history: Sequence[Scrape], pick: Callable[[Snapshot], float | None]
+) -> tuple[list[float], list[float], list[bool]]:
+    """Per-scrape increase of a counter since the previous scrape that carried it (reset-aware).
+
+    Returns ``(ts, increments, carried)`` for every scrape; scrapes without the value get 0 and
+    ``carried=False``.
+    """
+    ts: list[float] = []
+    inc: list[float] = []
+    carried: list[bool] = []
+    prev_value: float | None = None
+    prev_snap: Snapshot | None = None
+    for scrape in history:
+        snap = scrape.snapshot
+        value = pick(snap) if snap is not None else None
+        ts.append(scrape.ts)
+        if value is None or math.isnan(value) or snap is None:
+            inc.append(0.0)
+            carried.append(False)
+            continue
+        if prev_value is None or prev_snap is None:
+            inc.append(0.0)
+        elif value < prev_value or restarted(prev_snap, snap):
+            inc.append(value)
+        else:
+            inc.append(value - prev_value)
+        carried.append(True)
+        prev_value, prev_snap = value, snap
+    return ts, inc, carried
+
+
+def _window_sums(ts: list[float], values: list[float], window_seconds: float) -> list[float]:
+    """Sum of ``values[j]`` with ``ts[i] - window < ts[j] <= ts[i]``, for each i."""
+    out = []
+    total = 0.0
+    lo = 0
+    for i, t in enumerate(ts):
+        total += values[i]
+        while ts[lo] <= t - window_seconds:
+            total -= values[lo]
+            lo += 1
+        out.append(total)
+    return out
+
+
+def rate_series(
+    history: Sequence[Scrape],
+    pick: Callable[[Snapshot], float | None],
+    window_seconds: float = 5.0,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> Series:
+    """A counter's per-second rate, smoothed over a trailing window (reset-aware, never negative)."""
+    ts, inc, carried = _increments(history, pick)
+    if not any(carried):
+        return Series([], [])
+    sums = _window_sums(ts, inc, window_seconds)
+    idx = _thin(len(ts), max_points)
+    values: list[float | None] = []
+    for i in idx:
+        span = min(window_seconds, ts[i] - ts[0])
+        values.append(sums[i] / span if carried[i] and span > 0 else None)
+    return Series([ts[i] for i in idx], values)
+
+
+def increase_events(history: Sequence[Scrape], pick: Callable[[Snapshot], float | None]) -> Series:
+    """The scrapes at which a counter went up, with by how much (e.g. preemptions)."""
+    ts, inc, _ = _increments(history, pick)
+    points = [(t, v) for t, v in zip(ts, inc) if v > 0]
+    return Series([t for t, _ in points], [v for _, v in points])
+
+
+def rolling_ratio(
+    history: Sequence[Scrape],
+    numerator: Callable[[Snapshot], float | None],
+    denominator: Callable[[Snapshot], float | None],
+    window_seconds: float,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> Series:
+    """Δnumerator / Δdenominator over a trailing window at each point (e.g. the prefix hit rate);
+    None where the denominator did not move."""
+    ts, num, carried = _increments(history, numerator)
+    _, den, _ = _increments(history, denominator)
+    if not any(carried):
+        return Series([], [])
+    num_sums = _window_sums(ts, num, window_seconds)
+    den_sums = _window_sums(ts, den, window_seconds)
+    idx = _thin(len(ts), max_points)
+    values: list[float | None] = []
+    for i in idx:
+        values.append(min(1.0, num_sums[i] / den_sums[i]) if carried[i] and den_sums[i] > 0 else None)
+    return Series([ts[i] for i in idx], values)
+
+
+def rolling_quantiles(
+    history: Sequence[Scrape],
+    concept: str,
+    qs: Sequence[float] = (0.5, 0.95, 0.99),
+    window_seconds: float = 60.0,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> dict[float, Series] | None:
+    """Quantiles of the observations in a trailing window, at each point; None when the server
+    does not expose the histogram."""
+    hists: list[Histogram | None] = [s.snapshot.histogram(concept) if s.snapshot is not None else None for s in history]
+    if not any(h is not None for h in hists):
+        return None
+    ts = [s.ts for s in history]
+    bounds: tuple[float, ...] | None = None
+    deltas: list[list[float] | None] = []
+    prev: Histogram | None = None
+    prev_snap: Snapshot | None = None
+    for scrape, hist in zip(history, hists):
+        if hist is None:
+            deltas.append(None)
+            continue
+        if prev is None or prev.bounds != hist.bounds or prev_snap is None:
+            deltas.append([0.0] * len(hist.bounds))
+        elif hist.count < prev.count or restarted(prev_snap, scrape.snapshot):  # type: ignore[arg-type]
+            deltas.append(list(hist.cumulative))
+        else:
+            deltas.append([c - p for c, p in zip(hist.cumulative, prev.cumulative)])
+        bounds = hist.bounds
+        prev, prev_snap = hist, scrape.snapshot
+    assert bounds is not None
+    width = len(bounds)
+    out_ts: list[float] = []
+    out: dict[float, list[float | None]] = {q: [] for q in qs}
+    idx = set(_thin(len(ts), max_points))
+    acc = [0.0] * width
+    lo = 0
+    for i, t in enumerate(ts):
+        d = deltas[i]
+        if d is not None and len(d) == width:
+            for k in range(width):
+                acc[k] += d[k]
+        while ts[lo] <= t - window_seconds:
+            old = deltas[lo]
+            if old is not None and len(old) == width:
+                for k in range(width):
+                    acc[k] -= old[k]
+            lo += 1
+        if i in idx:
+            out_ts.append(t)
+            window_hist = Histogram(bounds, tuple(acc), 0.0, acc[-1])
+            for q in qs:
+                out[q].append(histogram_quantile(q, window_hist) if d is not None else None)
+    return {q: Series(out_ts, vals) for q, vals in out.items()}
+
+
+def labelled_increase(history: Sequence[Scrape], concept: str) -> dict[str, float] | None:
+    """How much each label of a labelled counter rose over the history (e.g. finished_reason)."""
+    labels: set[str] = set()
+    for s in history:
+        if s.snapshot is not None:
+            by = s.snapshot.by_label(concept)
+            if by:
+                labels.update(by)
+    if not labels:
+        return None
+    out = {}
+    for label in sorted(labels):
+        _, inc, _ = _increments(history, label_picker(concept, label))
+        out[label] = sum(inc)
+    return out
+
+
+def label_picker(concept: str, label: str) -> Callable[[Snapshot], float | None]:
+    def pick(snap: Snapshot) -> float | None:
+        return (snap.by_label(concept) or {}).get(label)
+
+    return pick

@@ -1,0 +1,71 @@
+"""Which targets a viewer may pick, from ``.streamlit/secrets.toml`` and the environment (pure).
+
+Secrets::
+
+    allow_custom_targets = false      # viewers may only pick from the list below
+    api_key_env = "VLLM_API_KEY"      # default variable for the API key
+    [targets]
+    prod-a = "http://10.0.0.5:8000"
+    prod-b = { url = "http://10.0.0.6:8000", api_key_env = "PROD_B_KEY" }
+
+``VLLM_URL`` in the environment adds a target. Keys never leave this module's values through
+``repr``: they are excluded from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_API_KEY_ENV = "VLLM_API_KEY"
+
+
+@dataclass(frozen=True, slots=True)
+class TargetChoice:
+    """A named target; ``api_key`` is resolved from secrets or the environment and never shown."""
+
+    name: str
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetsConfig:
+    targets: tuple[TargetChoice, ...]
+    allow_custom: bool
+    default_api_key: str | None = field(default=None, repr=False)
+    problems: tuple[str, ...] = ()
+
+
+def _key(entry: Mapping[str, Any], env: Mapping[str, str], default: str | None) -> str | None:
+    if isinstance(entry.get("api_key"), str) and entry["api_key"]:
+        return str(entry["api_key"])
+    var = entry.get("api_key_env")
+    if isinstance(var, str) and var:
+        return env.get(var) or None
+    return default
+
+
+def targets_from(secrets: Mapping[str, Any], env: Mapping[str, str]) -> TargetsConfig:
+    """Read the target list; malformed entries are skipped and named in ``problems``."""
+    default_key = _key(secrets, env, env.get(DEFAULT_API_KEY_ENV) or None)
+    targets: list[TargetChoice] = []
+    problems: list[str] = []
+    listed = secrets.get("targets")
+    if isinstance(listed, Mapping):
+        for name, entry in listed.items():
+            if isinstance(entry, str):
+                targets.append(TargetChoice(str(name), entry, default_key))
+            elif isinstance(entry, Mapping) and isinstance(entry.get("url"), str):
+                targets.append(TargetChoice(str(name), entry["url"], _key(entry, env, default_key)))
+            else:
+                problems.append(f"secrets: target {name!r} needs a URL")
+    env_url = env.get("VLLM_URL")
+    if env_url and all(t.url != env_url for t in targets):
+        targets.insert(0, TargetChoice("VLLM_URL", env_url, default_key))
+    allow = secrets.get("allow_custom_targets", True)
+    allow_custom = bool(allow) if isinstance(allow, bool) else True
+    if not targets and not allow_custom:
+        problems.append("secrets: allow_custom_targets = false but no [targets] are listed")
+    return TargetsConfig(tuple(targets), allow_custom, default_key, tuple(problems))

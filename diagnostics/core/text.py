@@ -1,0 +1,47 @@
+"""Text helpers for rendering: Markdown escaping of server strings, units people read."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+
+# Everything Streamlit's Markdown (GFM + its directives: :emoji:, :red[...], $latex$) could act on.
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~:$&])")
+
+
+def md_escape(text: object) -> str:
+    """A server-provided string made inert for ``st.markdown``-rendered elements."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
+
+
+def fmt_bytes(value: float | None) -> str:
+    if value is None:
+        return "—"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(value) >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def fmt_when(ts: float | None, now: float | None = None) -> str:
+    """``14:02:07 (3 min ago)``."""
+    if ts is None:
+        return "—"
+    ago = (now if now is not None else time.time()) - ts
+    clock = datetime.fromtimestamp(ts).strftime("%H:%M:%S")
+    if ago < 90:
+        return f"{clock} ({ago:.0f} s ago)"
+    if ago < 5400:
+        return f"{clock} ({ago / 60:.0f} min ago)"
+    return f"{clock} ({ago / 3600:.1f} h ago)"
+
+
+def fmt_optional(value: object, suffix: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}{suffix}"
+    return f"{value}{suffix}"

@@ -1,0 +1,65 @@
+"""The data-access seam: the only place pages get collectors and parsed recordings from.
+
+``st.cache_resource`` keeps one collector per target per process, so ten browser tabs share one
+scrape per interval. The API key is passed unhashed (leading underscore) and identified by a
+digest, so it never becomes part of a cache key anyone can read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+from diagnostics.collector import Collector, shared_collector
+from diagnostics.core.derive import Scrape
+from diagnostics.core.targets import TargetsConfig, targets_from
+from diagnostics.recording import Recording, read_recording
+from diagnostics.sources.nvml import gpu_reader, nvml_status
+
+
+@st.cache_resource(show_spinner=False)
+def _nvml_reader() -> tuple[Callable[[], list[dict[str, Any]] | None] | None, str | None]:
+    return gpu_reader(), nvml_status()
+
+
+def nvml_note() -> str | None:
+    """Why GPU memory cannot be shown here (None when NVML works)."""
+    return _nvml_reader()[1]
+
+
+@st.cache_resource(show_spinner=False)
+def _collector(url: str, key_digest: str, _api_key: str | None) -> Collector:
+    return shared_collector(url, _api_key, gpu_reader=_nvml_reader()[0])
+
+
+def collector(url: str, api_key: str | None) -> Collector:
+    """The shared collector for a target (started on first use, restarted if it was stopped)."""
+    digest = hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key else ""
+    found = _collector(url, digest, api_key)
+    if not found.running:
+        _collector.clear()
+        found = _collector(url, digest, api_key)
+    return found
+
+
+def targets_config() -> TargetsConfig:
+    try:
+        secrets: Any = dict(st.secrets)
+    except Exception:  # noqa: BLE001 - no secrets.toml is the normal case
+        secrets = {}
+    return targets_from(secrets, os.environ)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _parsed(digest: str, _data: bytes) -> tuple[Recording, list[Scrape]]:
+    recording = read_recording(_data)
+    return recording, recording.scrapes()
+
+
+def parsed_recording(data: bytes) -> tuple[Recording, list[Scrape]]:
+    """An uploaded recording, parsed once per distinct file (raises ``BadRecording``)."""
+    return _parsed(hashlib.sha256(data).hexdigest(), data)

