@@ -29,6 +29,15 @@ if ! "$VLLM_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m
 fi
 export VLLM_PYTHON="$VLLM_VENV/bin/python"
 
+# The browser tests drive Debian's Chromium (Playwright cannot download browsers here).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "the browser tests need Chromium: sudo apt-get install chromium" >&2
+  fi
+fi
+
 .venv/bin/python -m ruff check .
 .venv/bin/python -m mypy
 exec .venv/bin/python -m pytest "$@"

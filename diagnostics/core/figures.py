@@ -33,6 +33,7 @@ LATENCY_NAMES = {
     "request_queue_time_seconds": "queue time",
 }
 COLORS = {"p50": "#1f77b4", "p95": "#ff7f0e", "p99": "#d62728"}
+WAITING_COLORS = {"capacity": "#ff7f0e", "deferred": "#9e9e9e"}
 
 
 def _times(ts: Sequence[float]) -> list[datetime]:
