@@ -1,6 +1,6 @@
 """Replay: a recording (an incident snapshot) shown with the same panels as the live page."""
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import streamlit as st
 
