@@ -1,0 +1,121 @@
+"""The knob table: symptom → what to check → which `vllm serve` flag, in which direction.
+
+Rows come from the product's seed documents ("Symptom to knob", the flag tables) and from vLLM's
+own tuning docs (``docs/configuration/optimization.md``, ``conserving_memory.md``). Findings name
+the rows they rest on, and the Diagnose page links each row to the findings that use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KnobRow:
+    id: str
+    symptom: str
+    check: str
+    flags: tuple[str, ...]
+    direction: str
+    source: str
+
+
+KNOB_TABLE: tuple[KnobRow, ...] = (
+    KnobRow(
+        "wont-start",
+        "Won't start, or reports too little memory for cache",
+        "--gpu-memory-utilization first; if it still doesn't fit at 100%, that's the memory-constrained case: "
+        "quantize, add --tensor-parallel-size, or both",
+        ("--gpu-memory-utilization", "--quantization", "--tensor-parallel-size"),
+        "utilization ↑, then quantize / TP ↑",
+        "seed: Symptom to knob",
+    ),
+    KnobRow(
+        "kv-too-small-for-context",
+        "KV cache too small for --max-model-len at startup",
+        "The error names the largest context that fits: lower --max-model-len to it, or give the KV cache more "
+        "memory (--gpu-memory-utilization, fp8 --kv-cache-dtype, --tensor-parallel-size)",
+        ("--max-model-len", "--gpu-memory-utilization", "--kv-cache-dtype"),
+        "max-model-len ↓ or KV memory ↑",
+        "vLLM error text; conserving_memory.md",
+    ),
+    KnobRow(
+        "decode-slow",
+        "Decode slower than the latency budget",
+        "--max-num-seqs against the defended batch size, then whether quantizing weights or --kv-cache-dtype is "
+        "justified by measured numbers",
+        ("--max-num-seqs", "--quantization", "--kv-cache-dtype"),
+        "max-num-seqs ↓ to the defended size",
+        "seed: Symptom to knob",
+    ),
+    KnobRow(
+        "head-of-line",
+        "One request stalls every other sequence's tokens",
+        "Head-of-line blocking: check the chunked-prefill chunk size, not the batch size",
+        ("--max-num-batched-tokens",),
+        "chunk size ↓",
+        "seed: Symptom to knob; optimization.md (“Smaller values (e.g., 2048) achieve better ITL”)",
+    ),
+    KnobRow(
+        "sharing-wasted",
+        "Memory looks wasted across parallel samples of the same prompt",
+        "Block sharing: verify it's actually happening before touching batch size or memory utilization",
+        ("--enable-prefix-caching",),
+        "keep prefix caching on",
+        "seed: Symptom to knob; automatic_prefix_caching.md",
+    ),
+    KnobRow(
+        "preemption",
+        "Frequent preemption (KV cache full, requests recomputed)",
+        "More KV capacity (--gpu-memory-utilization when there is headroom, fp8 --kv-cache-dtype, "
+        "--tensor-parallel-size, a shorter --max-model-len) or fewer concurrent sequences; never raise "
+        "--max-num-seqs for this",
+        ("--gpu-memory-utilization", "--kv-cache-dtype", "--tensor-parallel-size", "--max-num-seqs"),
+        "KV capacity ↑ or max-num-seqs ↓",
+        "optimization.md (Preemption)",
+    ),
+    KnobRow(
+        "queue-at-cap",
+        "Requests queue while the KV cache has room",
+        "--max-num-seqs: too low → queuing; too high → memory pressure. Raise it when running sits at the cap "
+        "and KV usage is low",
+        ("--max-num-seqs",),
+        "max-num-seqs ↑",
+        "seed: the few flags that matter",
+    ),
+    KnobRow(
+        "ttft-queue",
+        "TTFT over budget, mostly queue time",
+        "A capacity problem: more concurrent sequences if KV has room (--max-num-seqs ↑), else more KV capacity",
+        ("--max-num-seqs", "--gpu-memory-utilization"),
+        "capacity ↑",
+        "observable surface §6 (derived)",
+    ),
+    KnobRow(
+        "ttft-prefill",
+        "TTFT over budget, mostly prefill time",
+        "Larger prefill chunks (--max-num-batched-tokens ↑) and a better prefix-cache hit rate",
+        ("--max-num-batched-tokens", "--enable-prefix-caching"),
+        "batched tokens ↑",
+        "optimization.md (“Higher values achieve better TTFT”)",
+    ),
+    KnobRow(
+        "stall",
+        "Requests running but no tokens produced; /health still answers",
+        "The engine is stuck (hung kernel, stopped process, deadlock): capture stacks, then restart; not a "
+        "tuning problem",
+        (),
+        "restart",
+        "observable surface §2 (derived)",
+    ),
+    KnobRow(
+        "down",
+        "Server unreachable or engine dead (/health 503)",
+        "Check the process, its last log lines (OOM, engine dead) and the host; restart",
+        (),
+        "restart",
+        "observable surface §2",
+    ),
+)
+
+KNOBS_BY_ID = {row.id: row for row in KNOB_TABLE}
