@@ -27,13 +27,20 @@ ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"stored in KV cache \((?P<estimated_max_model_len>\d+)\)"
         ),
     ),
-    ("no_kv_memory", re.compile(r"No available memory for the cache blocks")),
+    (
+        "no_kv_memory",
+        re.compile(
+            r"No available memory for the cache blocks|"
+            # CPU backend, 0.32: "... on kv cache allocation is less than requested memory for kv (-0.54/0.01 GiB)"
+            r"on kv cache allocation is less than requested memory for kv \((?P<kv_available_gib>-?[\d.]+)/"
+        ),
+    ),
     ("autofit_impossible", re.compile(r"Cannot auto-fit max_model_len")),
     (
         "free_memory_low",
         re.compile(
-            r"Free memory on device.*?\((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\) on startup is less than "
-            r"desired GPU memory utilization \((?P<utilization>[\d.]+)"
+            r"(?:Free|Available) memory on (?:device|node)[^(]*\((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\) "
+            r"on startup is less than desired (?:GPU|CPU) memory utilization \((?P<utilization>[\d.]+)"
         ),
     ),
     ("profiling_changed", re.compile(r"Error in memory profiling")),
