@@ -1,7 +1,8 @@
-"""The headless CLI: ``python -m diagnostics record|status`` (same core as the app).
+"""The headless CLI: ``python -m diagnostics record|status|diagnose|alert-rules`` (same core as the app).
 
 Exit codes: 0 ok; 2 bad usage; 3 target unreachable, timing out or answering errors; 4 not a vLLM
-server; 5 unreadable recording or output file.
+server; 5 unreadable recording, log or output file. ``diagnose`` exits 0 when nothing is above
+info, 1 on a warning, 2 on a critical finding (so cron and pipelines can act on it).
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from diagnostics.collector import Collector
-from diagnostics.core.derive import DerivedState, derive_state
+from diagnostics.core.alerts import alert_rules_yaml
+from diagnostics.core.derive import DerivedState, Scrape, derive_state, last_snapshot
 from diagnostics.core.info import ServerInfo
+from diagnostics.core.logs import parse_log
+from diagnostics.core.rules import Budgets, Finding, Settings, Thresholds, command_diff, diagnose, exit_code
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV, VllmClient, api_key_from_env
@@ -205,6 +209,78 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render_findings(findings: list[Finding], settings: Settings) -> str:
+    if not findings:
+        return "No findings: nothing unusual in this window."
+    out = []
+    for f in findings:
+        when = ""
+        if f.time_range:
+            a, b = (time.strftime("%H:%M:%S", time.localtime(x)) for x in f.time_range)
+            when = f"  [{a}–{b}]" if a != b else f"  [{a}]"
+        out.append(f"{f.severity.upper():8} {f.title}{when}")
+        for s in f.suggestions:
+            value = "" if s.value is None else f" {s.value}"
+            out.append(f"         → {s.flag}{value} ({s.direction}): {s.why}")
+        for c in f.checks:
+            out.append(f"         check: {c}")
+        if f.suggestions:
+            diff = command_diff(settings, f.suggestions)
+            out.append(f"         - {diff.before}")
+            out.append(f"         + {diff.after}")
+    return "\n".join(out)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    log_text = None
+    if args.log:
+        try:
+            log_text = open(args.log, encoding="utf-8", errors="replace").read()
+        except OSError as exc:
+            raise CliError(f"cannot read {args.log}: {exc.strerror}", EXIT_FILE) from None
+    budgets = Budgets(ttft_ms=args.ttft_budget_ms, itl_ms=args.itl_budget_ms)
+    history: list[Scrape] = []
+    info: ServerInfo | None = None
+    if args.replay:
+        try:
+            recording = read_recording(args.replay)
+        except BadRecording as exc:
+            raise CliError(f"{args.replay}: {exc}", EXIT_FILE) from None
+        for problem in recording.problems:
+            print(f"warning: {args.replay}: {problem} (skipped)", file=sys.stderr)
+        history, info = recording.scrapes(), recording.info()
+    elif args.url:
+        client = _client(args)
+        _check_first(client)
+        collector = _collect(client, args.seconds, args.interval, None)
+        history, info = collector.history(), collector.status().info
+    last = last_snapshot(history)
+    config = last.snapshot.cache_config if last is not None and last.snapshot is not None else None
+    settings = Settings.known(config, info, parse_log(log_text) if log_text else None,
+                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    findings = diagnose(history, info=info, budgets=budgets, log_text=log_text, settings=settings)
+    if args.json:
+        print(json.dumps({"findings": [f.to_json() for f in findings]}, indent=1, default=str))
+    else:
+        print(_render_findings(findings, settings))
+    return exit_code(findings)
+
+
+def cmd_alert_rules(args: argparse.Namespace) -> int:
+    text = alert_rules_yaml(
+        Thresholds(), job=args.job, itl_budget_ms=args.itl_budget_ms, ttft_budget_ms=args.ttft_budget_ms
+    )
+    if args.out:
+        try:
+            with open(args.out, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError as exc:
+            raise CliError(f"cannot write {args.out}: {exc.strerror}", EXIT_FILE) from None
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _positive(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -240,6 +316,24 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--window", type=_positive, default=60.0, help="window for rates and quantiles, seconds")
     status.add_argument("--json", action="store_true", help="one JSON object")
     status.set_defaults(func=cmd_status)
+    diag = sub.add_parser("diagnose", help="findings and flag changes for a server, a recording or a startup log")
+    target_args(diag, required=False)
+    diag.add_argument("--replay", help="a recording: the whole recording is the window")
+    diag.add_argument("--seconds", type=_positive, default=30.0, help="with --url: seconds to collect (the window)")
+    diag.add_argument("--log", help="the server's startup log (alone: diagnose a failed start)")
+    diag.add_argument("--itl-budget-ms", type=_positive, help="inter-token latency budget (p95), ms")
+    diag.add_argument("--ttft-budget-ms", type=_positive, help="time-to-first-token budget (p95), ms")
+    diag.add_argument("--max-num-seqs", type=int, help="the server's --max-num-seqs, when known")
+    diag.add_argument("--max-num-batched-tokens", type=int, help="the server's --max-num-batched-tokens, when known")
+    diag.add_argument("--json", action="store_true", help='{"findings": [...]}')
+    diag.set_defaults(func=cmd_diagnose)
+
+    alerts = sub.add_parser("alert-rules", help="a Prometheus rule file with the same thresholds")
+    alerts.add_argument("--out", help="write to this file (default: stdout)")
+    alerts.add_argument("--job", default="vllm", help="the Prometheus job that scrapes vLLM (for the down alert)")
+    alerts.add_argument("--itl-budget-ms", type=_positive, help="add an ITL p95 budget alert")
+    alerts.add_argument("--ttft-budget-ms", type=_positive, help="add a TTFT p95 budget alert")
+    alerts.set_defaults(func=cmd_alert_rules)
     return parser
 
 
@@ -248,6 +342,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "status" and bool(args.url) == bool(args.replay):
         parser.error("status needs exactly one of --url or --replay")
+    if args.command == "diagnose" and args.url and args.replay:
+        parser.error("diagnose takes --url or --replay, not both")
+    if args.command == "diagnose" and not (args.url or args.replay or args.log):
+        parser.error("diagnose needs --url, --replay or --log")
     if getattr(args, "interval", 1.0) < 0.25:
         parser.error("--interval must be at least 0.25 s")
     try:

@@ -29,12 +29,16 @@ if ! "$VLLM_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m
 fi
 export VLLM_PYTHON="$VLLM_VENV/bin/python"
 
-# The browser tests drive Debian's Chromium (Playwright cannot download browsers here).
-if [ ! -x /usr/bin/chromium ]; then
+# Debian packages: Chromium for the browser tests (Playwright cannot download browsers here),
+# prometheus for promtool (alert-rule tests).
+missing=()
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+command -v promtool >/dev/null || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "the browser tests need Chromium: sudo apt-get install chromium" >&2
+    echo "the tests need: sudo apt-get install ${missing[*]}" >&2
   fi
 fi
 

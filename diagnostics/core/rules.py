@@ -378,8 +378,12 @@ def rule_kv_pressure(history: Sequence[Scrape], settings: Settings, t: Threshold
     ]
 
 
-def rule_queue_at_cap(history: Sequence[Scrape], settings: Settings, t: Thresholds) -> list[Finding]:
-    """Waiting requests while running sits at its cap and the KV cache has room: raise --max-num-seqs."""
+def rule_queue_at_cap(
+    history: Sequence[Scrape], settings: Settings, t: Thresholds, stalls: Sequence[tuple[float, float]] = ()
+) -> list[Finding]:
+    """Waiting requests while running sits at its cap and the KV cache has room: raise --max-num-seqs.
+
+    Intervals inside a stall are left out: when no token moves, the cap is not what queues."""
     ok = _ok(history)
     if not any(snap.has("num_requests_waiting") for _, snap in ok):
         return [_absent("vllm:num_requests_waiting", "queueing", "Queueing cannot be seen.")]
@@ -393,7 +397,8 @@ def rule_queue_at_cap(history: Sequence[Scrape], settings: Settings, t: Threshol
         waiting = by_reason.get("capacity", snap.value("num_requests_waiting") or 0)
         usage = snap.value("kv_cache_usage_perc")
         at_cap = (snap.value("num_requests_running") or 0) >= cap
-        points.append((scrape.ts, waiting > 0 and at_cap and (usage is None or usage < t.kv_low_perc)))
+        stalled = any(a <= scrape.ts <= b for a, b in stalls)
+        points.append((scrape.ts, waiting > 0 and at_cap and not stalled and (usage is None or usage < t.kv_low_perc)))
     episodes = [e for e in _episodes(points, 2.0) if e[1] - e[0] >= t.queue_min_seconds]
     if not episodes:
         return []
@@ -462,15 +467,24 @@ def rule_head_of_line(history: Sequence[Scrape], settings: Settings, t: Threshol
     if len(p50s) < 3:
         return []
     baseline = statistics.median(p50s)
-    spikes = [(ts, p90, tokens) for ts, _, p90, tokens in intervals
-              if p90 is not None and p90 > t.hol_spike_factor * baseline and p90 - baseline > t.hol_spike_min_seconds]
+    # A stalled step's ITL is observed when the next token arrives, which can fall in the next
+    # scrape interval: a prefill counts for its own interval and the one after it.
+    spikes = []
+    for i, (ts, _, p90, tokens) in enumerate(intervals):
+        if p90 is not None and p90 > t.hol_spike_factor * baseline and p90 - baseline > t.hol_spike_min_seconds:
+            prefilled = max(tokens, intervals[i - 1][3] if i > 0 else 0.0)
+            spikes.append((ts, p90, prefilled))
     coinciding = [s for s in spikes if s[2] >= t.hol_min_prefill_tokens]
     if len(coinciding) < t.hol_min_spikes or len(coinciding) < t.hol_coincide_fraction * len(spikes):
         return []
     worst = max(p90 for _, p90, _ in coinciding)
     min_tokens = min(tokens for _, _, tokens in coinciding)
     current = settings.max_num_batched_tokens
-    value = max(256, current // 2) if current else None
+    if current:
+        value = max(256, current // 2)
+    else:
+        # Unknown budget: chunks of a quarter of the smallest blocking prefill, as a power of two.
+        value = max(256, 2 ** int(math.log2(max(256.0, min_tokens / 4))))
     return [
         Finding(
             id="head_of_line_blocking",
@@ -566,8 +580,10 @@ def rule_ttft(history: Sequence[Scrape], settings: Settings, budgets: Budgets, t
                 "mean_prefill_seconds": prefill, "max_kv_cache_usage_perc": usage, "window": _span(history)}
     if queue is not None and prefill is not None and queue >= prefill:
         if usage < t.kv_low_perc:
-            suggestion = Suggestion("--max-num-seqs", "increase", settings.max_num_seqs * 2 if settings.max_num_seqs
-                                    else None, "Requests wait for a slot while the KV cache has room.")
+            cap = settings.max_num_seqs or max((snap.value("num_requests_running") or 0) for _, snap in ok)
+            waiting = max((snap.value("num_requests_waiting") or 0) for _, snap in ok)
+            suggestion = Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap else None,
+                                    "Requests wait for a slot while the KV cache has room.")
         else:
             suggestion = _suggest_more_kv(settings, t, None)[0]
         return [Finding(
@@ -728,9 +744,10 @@ def diagnose(
     if history:
         findings += rule_outage(history, thresholds)
         if _ok(history):
-            findings += rule_stall(history, thresholds)
+            stalls = rule_stall(history, thresholds)
+            findings += stalls
             findings += rule_kv_pressure(history, known, thresholds)
-            findings += rule_queue_at_cap(history, known, thresholds)
+            findings += rule_queue_at_cap(history, known, thresholds, [f.time_range for f in stalls if f.time_range])
             hol = rule_head_of_line(history, known, thresholds)
             findings += hol
             findings += rule_slow_decode(history, known, budgets, bool(hol), thresholds)

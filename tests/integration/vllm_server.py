@@ -38,18 +38,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def build_tiny_model(out: Path) -> Path:
-    """The tiny Llama directory, built with the vLLM environment's ``tokenizers``."""
+def build_tiny_model(out: Path, shape: str = "tiny") -> Path:
+    """The tiny Llama directory (``shape`` "tiny" or "small"), built with the vLLM environment's
+    ``tokenizers``."""
     if not (out / "config.json").exists():
-        subprocess.run([str(vllm_python()), str(MODEL_BUILDER), str(out)], check=True, capture_output=True)
+        subprocess.run([str(vllm_python()), str(MODEL_BUILDER), str(out), shape], check=True, capture_output=True)
     return out
 
 
 class VllmServer:
     """One ``vllm serve`` process group; ``start`` returns without waiting, ``wait_ready`` waits."""
 
-    def __init__(self, model_dir: Path, workdir: Path, extra_args: tuple[str, ...] = (), port: int | None = None):
+    def __init__(
+        self,
+        model_dir: Path,
+        workdir: Path,
+        extra_args: tuple[str, ...] = (),
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.model_dir = model_dir
+        self.extra_env = env or {}
         self.workdir = workdir
         self.extra_args = extra_args
         self.port = port or free_port()
@@ -73,6 +82,7 @@ class VllmServer:
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",
+            **self.extra_env,
         }
         args = [
             str(vllm_python()), "-m", "vllm.entrypoints.launchers.api_server.entry",
@@ -106,6 +116,13 @@ class VllmServer:
         except OSError:
             return "(no log)"
 
+    def engine_pids(self) -> list[int]:
+        """The EngineCore processes (children of the API server) when multiprocessing is on."""
+        if self.proc is None:
+            return []
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
     def kill9(self) -> None:
         """SIGKILL the whole process group, as a crash would."""
         if self.proc is not None and self.proc.poll() is None:
@@ -125,7 +142,8 @@ class VllmServer:
 if __name__ == "__main__":
     # Manual use: python -m tests.integration.vllm_server WORKDIR [extra vllm args...]
     work = Path(sys.argv[1])
-    server = VllmServer(build_tiny_model(work / "model"), work, tuple(sys.argv[2:])).start().wait_ready()
+    mp = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"} if os.environ.get("VLLM_MP") == "1" else None
+    server = VllmServer(build_tiny_model(work / "model"), work, tuple(sys.argv[2:]), env=mp).start().wait_ready()
     print(server.url, flush=True)
     try:
         signal.pause()

@@ -1,0 +1,138 @@
+"""The alert rules pass `promtool check rules` and fire (and stay quiet) under `promtool test rules`,
+for vLLM's current and pre-0.9 spellings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diagnostics.core.alerts import alert_rules, alert_rules_yaml
+from diagnostics.core.rules import Thresholds
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.fixture
+def promtool() -> str:
+    if PROMTOOL is None:
+        pytest.fail("promtool missing: apt-get install prometheus (./scripts/test.sh does)")
+    return PROMTOOL
+
+
+def summary(name: str, **labels: str) -> str:
+    rule = next(r for r in alert_rules(Thresholds(), itl_budget_ms=50) if r.name == name)
+    text = rule.summary
+    for key, value in labels.items():
+        text = text.replace("{{ $labels." + key + " }}", value)
+    return text
+
+
+def expect(name: str, severity: str, **labels: str) -> dict[str, Any]:
+    return {"exp_labels": {"severity": severity, **labels}, "exp_annotations": {
+        "summary": summary(name, **labels), "knob": next(r.knob for r in alert_rules(Thresholds(), itl_budget_ms=50) if r.name == name)}}
+
+
+def run_promtool(promtool: str, tmp_path: Path, tests: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "rules.yml").write_text(alert_rules_yaml(Thresholds(), itl_budget_ms=50))
+    doc = {"rule_files": ["rules.yml"], "evaluation_interval": "1s", "tests": tests}
+    (tmp_path / "tests.yml").write_text(json.dumps(doc))  # JSON is YAML
+    return subprocess.run([promtool, "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True)
+
+
+def test_rule_file_passes_promtool_check(promtool: str, tmp_path: Path) -> None:
+    path = tmp_path / "rules.yml"
+    path.write_text(alert_rules_yaml(Thresholds(), itl_budget_ms=50, ttft_budget_ms=500))
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 7 rules found" in result.stdout
+
+
+NEW = '{model_name="m",engine="0"}'
+OLD = '{model_name="m"}'
+
+
+@pytest.mark.parametrize(
+    ("usage_metric", "labels", "exp_labels"),
+    [("vllm:kv_cache_usage_perc", NEW, {"model_name": "m", "engine": "0"}),
+     ("vllm:gpu_cache_usage_perc", OLD, {"model_name": "m"})],
+)
+def test_kv_pressure_fires_on_both_spellings(
+    promtool: str, tmp_path: Path, usage_metric: str, labels: str, exp_labels: dict[str, str]
+) -> None:
+    tests = [{
+        "interval": "1s",
+        "input_series": [
+            {"series": f"vllm:num_preemptions_total{labels}", "values": "0+0x10 0+2x50"},
+            {"series": f"{usage_metric}{labels}", "values": "0.5x10 0.99x50"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "5s", "alertname": "VLLMKVCachePressure", "exp_alerts": []},
+            {"eval_time": "30s", "alertname": "VLLMKVCachePressure",
+             "exp_alerts": [expect("VLLMKVCachePressure", "warning", **exp_labels)]},
+        ],
+    }]
+    result = run_promtool(promtool, tmp_path, tests)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kv_pressure_stays_quiet_with_room_in_the_cache(promtool: str, tmp_path: Path) -> None:
+    tests = [{
+        "interval": "1s",
+        "input_series": [
+            {"series": f"vllm:num_preemptions_total{NEW}", "values": "0+2x60"},
+            {"series": f"vllm:kv_cache_usage_perc{NEW}", "values": "0.5x60"},
+        ],
+        "alert_rule_test": [{"eval_time": "30s", "alertname": "VLLMKVCachePressure", "exp_alerts": []}],
+    }]
+    result = run_promtool(promtool, tmp_path, tests)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_stall_queue_sharing_and_down(promtool: str, tmp_path: Path) -> None:
+    tests = [{
+        "interval": "1s",
+        "input_series": [
+            {"series": f"vllm:num_requests_running{NEW}", "values": "4x120"},
+            {"series": f"vllm:generation_tokens_total{NEW}", "values": "0+50x30 1500x90"},
+            {"series": f"vllm:num_requests_waiting{NEW}", "values": "12x120"},
+            {"series": f"vllm:kv_cache_usage_perc{NEW}", "values": "0.1x120"},
+            {"series": f'vllm:request_params_n_count{NEW}', "values": "0+1x120"},
+            {"series": 'vllm:request_params_n_bucket{model_name="m",engine="0",le="1.0"}', "values": "0x120"},
+            {"series": 'vllm:cache_config_info{engine="0",enable_prefix_caching="False"}', "values": "1x120"},
+            {"series": 'up{job="vllm",instance="h:8000"}', "values": "1x60 0x60"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "20s", "alertname": "VLLMSilentStall", "exp_alerts": []},
+            {"eval_time": "100s", "alertname": "VLLMSilentStall",
+             "exp_alerts": [expect("VLLMSilentStall", "critical", model_name="m", engine="0")]},
+            {"eval_time": "20s", "alertname": "VLLMQueueAtConcurrencyCap",
+             "exp_alerts": [expect("VLLMQueueAtConcurrencyCap", "warning", model_name="m", engine="0")]},
+            {"eval_time": "30s", "alertname": "VLLMParallelSamplingWithoutPrefixCaching",
+             "exp_alerts": [expect("VLLMParallelSamplingWithoutPrefixCaching", "warning", model_name="m",
+                                   engine="0")]},
+            {"eval_time": "30s", "alertname": "VLLMServerDown", "exp_alerts": []},
+            {"eval_time": "90s", "alertname": "VLLMServerDown",
+             "exp_alerts": [expect("VLLMServerDown", "critical", job="vllm", instance="h:8000")]},
+        ],
+    }]
+    result = run_promtool(promtool, tmp_path, tests)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_itl_budget_alert_reads_the_old_histogram_too(promtool: str, tmp_path: Path) -> None:
+    series = []
+    for le, rate in (("0.01", 0), ("0.1", 1), ("+Inf", 1)):
+        series.append({"series": f'vllm:time_per_output_token_seconds_bucket{{model_name="m",le="{le}"}}',
+                       "values": f"0+{rate * 10}x400"})
+    tests = [{
+        "interval": "1s", "input_series": series,
+        "alert_rule_test": [{"eval_time": "300s", "alertname": "VLLMDecodeOverITLBudget",
+                             "exp_alerts": [expect("VLLMDecodeOverITLBudget", "warning", model_name="m")]}],
+    }]
+    result = run_promtool(promtool, tmp_path, tests)
+    assert result.returncode == 0, result.stdout + result.stderr
