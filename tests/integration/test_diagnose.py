@@ -1,0 +1,200 @@
+"""Each rule fires on a real recording of a real vllm serve under the condition it detects, and the
+CLI's advice names the right knob and direction; a healthy recording yields no warning."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diagnostics.collector import Collector
+from diagnostics.recording import RecordingWriter
+from diagnostics.sources.vllm_http import VllmClient
+from tests.integration import load
+from tests.integration.vllm_server import VllmServer, build_tiny_model
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = ("block cache token prefill decode queue engine server memory page table request batch sequence latency "
+         "the a of and to is in for on with").split()
+
+
+@pytest.fixture(scope="module")
+def condition_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
+    """Three more servers, started in parallel: a concurrency cap of 4, prefix caching off, and a
+    larger ("small") model whose long prefills take long enough to stall decodes."""
+    work = tmp_path_factory.mktemp("conditions")
+    small = build_tiny_model(work / "small-model", "small")
+    servers = {
+        "cap4": VllmServer(tiny_model, work / "cap4", ("--max-num-seqs", "4")).start(),
+        "noprefix": VllmServer(tiny_model, work / "noprefix", ("--no-enable-prefix-caching",)).start(),
+        "small": VllmServer(small, work / "small").start(),
+    }
+    try:
+        for server in servers.values():
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def record(server: VllmServer, path: Path, action: Callable[[], None], interval: float = 0.5) -> Path:
+    """A real recording of ``server`` while ``action`` runs (1 s before, 1.5 s after)."""
+    collector = Collector(VllmClient(server.url), interval_seconds=interval)
+    with RecordingWriter(path) as writer:
+        collector.add_sink(writer.write)
+        collector.start()
+        time.sleep(1.0)
+        action()
+        time.sleep(1.5)
+        collector.stop()
+    return path
+
+
+def diagnose_cli(*args: str) -> tuple[int, list[dict[str, Any]]]:
+    result = subprocess.run([sys.executable, "-m", "diagnostics", "diagnose", *args, "--json"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode in (0, 1, 2), result.stderr
+    return result.returncode, json.loads(result.stdout)["findings"]
+
+
+def by_id(findings: list[dict[str, Any]], fid: str) -> dict[str, Any]:
+    found = [f for f in findings if f["id"] == fid]
+    assert found, [f["id"] for f in findings]
+    return found[0]
+
+
+def advice(finding: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(s["flag"], s["direction"]) for s in finding["suggestions"]}
+
+
+def test_healthy_recording_yields_no_warning(vllm_main: VllmServer, tmp_path: Path) -> None:
+    def steady() -> None:
+        for _ in range(4):
+            load.completions(vllm_main.url, 8, max_tokens=96)
+
+    path = record(vllm_main, tmp_path / "healthy.jsonl.gz", steady)
+    code, findings = diagnose_cli("--replay", str(path))
+    assert code == 0, findings
+    assert all(f["severity"] == "info" for f in findings)
+
+
+def test_queue_at_the_cap_says_raise_max_num_seqs(condition_servers: dict[str, VllmServer], tmp_path: Path) -> None:
+    server = condition_servers["cap4"]
+    path = record(server, tmp_path / "cap.jsonl.gz", lambda: load.completions(server.url, 40, max_tokens=256))
+    code, findings = diagnose_cli("--replay", str(path))
+    f = by_id(findings, "queue_at_cap")
+    assert code == 1 and f["severity"] == "warning"
+    assert advice(f) == {("--max-num-seqs", "increase")}
+    assert f["evidence"]["num_requests_running_cap"] == 4 and f["suggestions"][0]["value"] > 4
+    assert "kv_pressure" not in [x["id"] for x in findings]
+
+
+def test_tiny_block_budget_says_more_kv_never_more_seqs(vllm_tiny: VllmServer, tmp_path: Path) -> None:
+    path = record(vllm_tiny, tmp_path / "kv.jsonl.gz", lambda: load.completions(vllm_tiny.url, 30, max_tokens=200))
+    code, findings = diagnose_cli("--replay", str(path))
+    f = by_id(findings, "kv_pressure")
+    assert code >= 1 and f["evidence"]["preemptions"] > 0 and f["evidence"]["max_kv_cache_usage_perc"] >= 0.95
+    flags = advice(f)
+    assert ("--gpu-memory-utilization", "increase") in flags and ("--kv-cache-dtype", "set") in flags
+    assert ("--max-num-seqs", "decrease") in flags and ("--max-num-seqs", "increase") not in flags
+    assert "queue_at_cap" not in [x["id"] for x in findings]
+
+
+def test_n8_without_prefix_caching_says_enable_it(condition_servers: dict[str, VllmServer], tmp_path: Path) -> None:
+    server = condition_servers["noprefix"]
+    prompt = " ".join(random.choice(WORDS) for _ in range(300))
+    path = record(server, tmp_path / "n8.jsonl.gz",
+                  lambda: load.completions(server.url, 10, prompt=prompt, n=8, max_tokens=32))
+    code, findings = diagnose_cli("--replay", str(path))
+    f = by_id(findings, "sharing_disabled")
+    assert code == 1 and advice(f) == {("--enable-prefix-caching", "set")}
+    assert f["evidence"]["mean_n"] == pytest.approx(8.0)
+
+
+def test_long_prefills_stalling_decodes_say_lower_the_chunk(
+    condition_servers: dict[str, VllmServer], tmp_path: Path
+) -> None:
+    server = condition_servers["small"]
+
+    def mixed() -> None:
+        decoders, _ = load.in_background(server.url, 16, max_tokens=600)
+        time.sleep(1.5)
+        for _ in range(5):
+            prompt = " ".join(random.choice(WORDS) for _ in range(1700))
+            load.in_background(server.url, 1, prompt=prompt, max_tokens=4)
+            time.sleep(1.5)
+        decoders.join(120)
+
+    path = record(server, tmp_path / "hol.jsonl.gz", mixed)
+    code, findings = diagnose_cli("--replay", str(path))
+    f = by_id(findings, "head_of_line_blocking")
+    assert code == 1 and advice(f) == {("--max-num-batched-tokens", "decrease")}
+    assert f["evidence"]["itl_spike_p90_seconds"] > 3 * f["evidence"]["itl_baseline_p50_seconds"]
+
+
+def test_sigstop_of_the_engine_is_a_critical_silent_stall(
+    condition_servers: dict[str, VllmServer], tmp_path: Path
+) -> None:
+    server = condition_servers["cap4"]
+    engines = [pid for pid in server.engine_pids() if "EngineCore" in Path(f"/proc/{pid}/comm").read_text()]
+    assert engines, "no EngineCore process found"
+
+    def stall() -> None:
+        running, _ = load.in_background(server.url, 4, max_tokens=1500)
+        time.sleep(1.5)
+        os.kill(engines[0], signal.SIGSTOP)
+        try:
+            time.sleep(8)
+        finally:
+            os.kill(engines[0], signal.SIGCONT)
+        running.join(120)
+
+    path = record(server, tmp_path / "stall.jsonl.gz", stall)
+    code, findings = diagnose_cli("--replay", str(path))
+    f = by_id(findings, "silent_stall")
+    assert code == 2 and f["severity"] == "critical"
+    assert f["evidence"]["seconds_without_tokens"] >= 5 and f["evidence"]["ongoing"] is False
+
+
+def test_a_killed_server_is_critical_with_its_time_range(
+    condition_servers: dict[str, VllmServer], tmp_path: Path
+) -> None:
+    server = condition_servers["cap4"]
+
+    def kill() -> None:
+        load.completions(server.url, 4, max_tokens=16)
+        server.kill9()
+        time.sleep(2.0)
+
+    path = record(server, tmp_path / "killed.jsonl.gz", kill)
+    code, findings = diagnose_cli("--replay", str(path))
+    f = by_id(findings, "server_down")
+    assert code == 2 and f["evidence"]["ongoing"] is True and f["time_range"][1] > f["time_range"][0]
+
+
+def test_diagnose_a_failed_start_log_alone(tmp_path: Path) -> None:
+    code, findings = diagnose_cli("--log", str(ROOT / "tests/fixtures/log-0.32.0-kv-too-small-for-max-model-len.txt"))
+    assert code == 2
+    assert findings[0]["suggestions"][0] == {
+        "flag": "--max-model-len", "direction": "decrease", "value": 1408,
+        "why": "vLLM estimates 1,408 tokens fit in the KV memory it has."}
+
+
+def test_diagnose_live_url_with_budgets(vllm_main: VllmServer) -> None:
+    thread, _ = load.in_background(vllm_main.url, 16, max_tokens=400)
+    code, findings = diagnose_cli("--url", vllm_main.url, "--seconds", "3", "--interval", "0.5",
+                                  "--itl-budget-ms", "0.5")
+    thread.join(120)
+    f = by_id(findings, "slow_decode")
+    assert code == 1 and ("--max-num-seqs", "decrease") in advice(f)

