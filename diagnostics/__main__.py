@@ -219,15 +219,16 @@ def _render_findings(findings: list[Finding], settings: Settings) -> str:
             a, b = (time.strftime("%H:%M:%S", time.localtime(x)) for x in f.time_range)
             when = f"  [{a}–{b}]" if a != b else f"  [{a}]"
         out.append(f"{f.severity.upper():8} {f.title}{when}")
-        for s in f.suggestions:
+        for i, s in enumerate(f.suggestions):
             value = "" if s.value is None else f" {s.value}"
-            out.append(f"         → {s.flag}{value} ({s.direction}): {s.why}")
+            lead = "change" if i == 0 else "or"
+            out.append(f"         {lead:6} {s.flag}{value} ({s.direction}): {s.why}")
+            if i == 0:
+                diff = command_diff(settings, [s])
+                out.append(f"           - {diff.before}")
+                out.append(f"           + {diff.after}")
         for c in f.checks:
             out.append(f"         check: {c}")
-        if f.suggestions:
-            diff = command_diff(settings, f.suggestions)
-            out.append(f"         - {diff.before}")
-            out.append(f"         + {diff.after}")
     return "\n".join(out)
 
 

@@ -1,6 +1,7 @@
 """Replay: a recording (an incident snapshot) shown with the same panels as the live page."""
 
-from datetime import datetime
+import math
+from datetime import datetime, timedelta
 
 import streamlit as st
 
@@ -27,7 +28,7 @@ except BadRecording as exc:
 for problem in recording.problems[:5]:
     st.warning(f"Skipped {md_escape(problem)}")
 
-first, last = scrapes[0].ts, scrapes[-1].ts
+first, last = math.floor(scrapes[0].ts), math.ceil(scrapes[-1].ts)  # whole seconds: the slider steps by 1 s
 start, end = first, last
 if last - first >= 2:
     start_dt, end_dt = st.slider(
@@ -35,6 +36,7 @@ if last - first >= 2:
         min_value=datetime.fromtimestamp(first),
         max_value=datetime.fromtimestamp(last),
         value=(datetime.fromtimestamp(first), datetime.fromtimestamp(last)),
+        step=timedelta(seconds=1),
         format="HH:mm:ss",
         key="replay_range",
     )

@@ -157,9 +157,11 @@ def queue_figure(history: Sequence[Scrape], max_num_seqs: int | None) -> go.Figu
     if reasons:
         for reason in sorted(reasons):
             series = gauge_series(history, label_picker("num_requests_waiting_by_reason", reason))
+            color = WAITING_COLORS.get(reason, "#bcbd22")
             fig.add_trace(
                 go.Scatter(
-                    x=_times(series.ts), y=series.values, name=f"waiting ({reason})", mode="lines", stackgroup="waiting"
+                    x=_times(series.ts), y=series.values, name=f"waiting ({reason})", mode="lines",
+                    stackgroup="waiting", line={"color": color}, fillcolor=color,
                 )
             )
     else:
@@ -308,3 +310,47 @@ def gpu_memory_figure(
         )
     fig.update_layout(barmode="overlay")
     return _layout(fig, "GPU memory", "", xaxis_title="GiB", hovermode="closest", height=160 + 50 * len(gpus))
+
+
+def finding_figure(
+    history: Sequence[Scrape], chart: str | None, time_range: tuple[float, float] | None
+) -> go.Figure | None:
+    """The small chart beside a finding's evidence, with the symptom's time range shaded."""
+    if chart is None or not history:
+        return None
+    if chart in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
+        quantiles = rolling_quantiles(history, chart, (0.5, 0.9), window_seconds=5.0)
+        if quantiles is None:
+            return None
+        fig = go.Figure()
+        for q, series in quantiles.items():
+            label = f"p{round(q * 100)}"
+            fig.add_trace(go.Scatter(x=_times(series.ts), y=[v * 1000 if v is not None else None for v in series.values],
+                                     name=label, mode="lines"))
+        y_title = "ms (5 s window)"
+    else:
+        if chart == "generation_tokens":
+            series = rate_series(history, lambda s: s.value("generation_tokens"), window_seconds=1.0)
+            y_title, scale, name = "tokens/s", 1.0, "generation"
+        elif chart == "prefix_cache_hit_rate":
+            series = rolling_ratio(history, lambda s: s.value("prefix_cache_hits"),
+                                   lambda s: s.value("prefix_cache_queries"), 30.0)
+            y_title, scale, name = "% hit (30 s)", 100.0, "hit rate"
+        else:
+            concept = chart
+            series = gauge_series(history, lambda s: s.value(concept))
+            scale = 100.0 if chart.endswith("_perc") else 1.0
+            y_title, name = ("%" if scale == 100.0 else "requests"), chart.removeprefix("num_requests_")
+        if not _has_values(series):
+            return None
+        fig = go.Figure(go.Scatter(x=_times(series.ts), y=[v * scale if v is not None else None for v in series.values],
+                                   name=name, mode="lines"))
+    if time_range is not None:
+        start, end = time_range
+        if end - start < 1:
+            start, end = start - 0.5, end + 0.5
+        fig.add_vrect(x0=datetime.fromtimestamp(start), x1=datetime.fromtimestamp(end), fillcolor="#d62728",
+                      opacity=0.12, line_width=0)
+    fig.update_layout(height=220, margin={"l": 50, "r": 10, "t": 10, "b": 30}, yaxis_title=y_title,
+                      showlegend=len(fig.data) > 1, legend={"orientation": "h", "y": -0.3}, uirevision="keep")
+    return fig

@@ -311,8 +311,8 @@ def _suggest_more_kv(settings: Settings, t: Thresholds, demand_tokens: float | N
     if settings.cache_dtype in (None, "auto", "bfloat16", "float16", "half"):
         out.append(Suggestion("--kv-cache-dtype", "set", "fp8",
                               "Halves KV bytes per token, so twice the tokens fit; check accuracy on your evals."))
-    if settings.max_model_len and demand_tokens and demand_tokens * 1.25 < settings.max_model_len:
-        value = int(math.ceil(demand_tokens * 1.25 / 256) * 256)
+    value = int(math.ceil(demand_tokens * 1.25 / 256) * 256) if demand_tokens else None
+    if settings.max_model_len and value and value < settings.max_model_len:
         out.append(Suggestion("--max-model-len", "decrease", value,
                               f"Requests here use about {demand_tokens:,.0f} tokens (p99 prompt + output); a "
                               "shorter maximum lets the scheduler reserve less per sequence."))

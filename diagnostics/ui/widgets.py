@@ -36,6 +36,7 @@ PAGES = (
     ("app.py", "Overview", ":material/monitor_heart:"),
     ("pages/1_Live.py", "Live", ":material/show_chart:"),
     ("pages/2_Replay.py", "Replay a recording", ":material/history:"),
+    ("pages/3_Diagnose.py", "Diagnose", ":material/troubleshoot:"),
 )
 
 

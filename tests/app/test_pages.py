@@ -152,3 +152,35 @@ def test_replay_page_rejects_a_file_that_is_not_a_recording() -> None:
     at.run()
     assert not at.exception
     assert at.error and "not a usable recording" in at.error[0].value
+
+
+def test_diagnose_page_on_a_real_recording_names_the_knob() -> None:
+    at = app("pages/3_Diagnose.py").run()
+    assert not at.exception
+    at.radio(key="diagnose_source").set_value("a recording").run()
+    at.file_uploader[0].upload("kv.jsonl.gz", RECORDING.read_bytes(), "application/gzip")
+    at.run()
+    assert not at.exception
+    assert at.warning and "Warnings" in at.warning[0].value
+    text = " ".join(m.value for m in at.markdown)
+    assert "KV\\-cache pressure" in text and "--max-num-seqs" in text
+    codes = [c.value for c in at.code]
+    assert any("--gpu-memory-utilization 0.35" in c and c.startswith("- vllm serve tiny") for c in codes)
+    assert len(at.dataframe) >= 2  # evidence + the knob table
+
+
+def test_diagnose_page_on_a_startup_log_alone() -> None:
+    at = app("pages/3_Diagnose.py").run()
+    at.radio(key="diagnose_source").set_value("a startup log only").run()
+    at.text_area(key="diag_log").set_value(
+        (ROOT / "tests/fixtures/log-0.32.0-kv-too-small-for-max-model-len.txt").read_text()).run()
+    assert not at.exception
+    assert at.error and "Critical" in at.error[0].value
+    assert any("--max-model-len 1408" in c.value for c in at.code)
+
+
+def test_diagnose_page_on_the_live_target() -> None:
+    register(fed_collector())
+    at = app("pages/3_Diagnose.py").run()
+    assert not at.exception
+    assert any("findings over" in w.value for w in [*at.warning, *at.success, *at.error])

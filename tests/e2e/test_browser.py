@@ -140,3 +140,14 @@ def test_a_target_that_dies_turns_the_banner_and_keeps_the_charts(
         page.screenshot(path=str(ARTIFACTS / "live-target-down.png"), full_page=True)
     finally:
         vllm_tiny.start().wait_ready()
+
+
+def test_diagnose_page_names_the_knob_for_a_recording(page: Page, streamlit_url: str) -> None:
+    page.goto(streamlit_url + "/Diagnose")
+    expect(page.get_by_text("Knob table").first).to_be_visible(timeout=30_000)
+    page.get_by_text("a recording", exact=True).first.click()
+    page.locator('input[type="file"]').set_input_files(str(RECORDING))
+    expect(page.get_by_text("KV-cache pressure").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("--gpu-memory-utilization 0.35").first).to_be_visible()
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(ARTIFACTS / "diagnose.png"), full_page=True)

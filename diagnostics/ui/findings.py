@@ -1,0 +1,89 @@
+"""Finding cards and the searchable knob table for the Diagnose page."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.core import figures
+from diagnostics.core.derive import Scrape
+from diagnostics.core.knobs import KNOB_TABLE, KNOBS_BY_ID
+from diagnostics.core.rules import Finding, Settings, Suggestion, command_diff
+from diagnostics.core.text import md_escape
+from diagnostics.ui.widgets import chart
+
+BADGES = {"critical": ":red-badge[CRITICAL]", "warning": ":orange-badge[WARNING]", "info": ":blue-badge[INFO]"}
+
+
+def _when(time_range: tuple[float, float] | None) -> str:
+    if not time_range:
+        return ""
+    a, b = (datetime.fromtimestamp(x).strftime("%H:%M:%S") for x in time_range)
+    return f" · {a}" if a == b else f" · {a} – {b}"
+
+
+def _evidence_rows(evidence: dict[str, Any]) -> list[dict[str, str]]:
+    rows = []
+    for key, value in evidence.items():
+        if key == "window" and isinstance(value, dict):
+            value = f"{value.get('seconds', 0):g} s ending {time.strftime('%H:%M:%S', time.localtime(value['end']))}"
+        elif isinstance(value, float):
+            value = f"{value:.4g}"
+        elif isinstance(value, list):
+            value = "; ".join(str(v) for v in value)
+        rows.append({"evidence": key, "value": str(value)})
+    return rows
+
+
+def diff_text(settings: Settings, suggestion: Suggestion) -> str:
+    """The `vllm serve` line before and after one change, as a unified-diff snippet."""
+    diff = command_diff(settings, [suggestion])
+    return f"- {diff.before}\n+ {diff.after}"
+
+
+def finding_card(finding: Finding, history: Sequence[Scrape], settings: Settings, key: str) -> None:
+    """One finding: severity, title, evidence (with a small chart), the `vllm serve` change, checks."""
+    with st.container(border=True):
+        st.markdown(f"{BADGES[finding.severity]} **{md_escape(finding.title)}**  \n"
+                    f"`{finding.id}`{_when(finding.time_range)}")
+        left, right = st.columns([3, 2])
+        with left:
+            if finding.chart:
+                chart(partial(figures.finding_figure, history, finding.chart, finding.time_range), f"{key}-chart",
+                      "No data to draw for this finding.")
+            if finding.suggestions:
+                first, *others = finding.suggestions
+                st.markdown(f"**Suggested change** — {md_escape(first.why)}")
+                st.code(diff_text(settings, first), language="diff")
+                if others:
+                    st.markdown("**Or, instead**\n" + "\n".join(
+                        f"- `{s.flag}{'' if s.value is None else ' ' + str(s.value).replace('`', '')}` "
+                        f"({s.direction}): {md_escape(s.why)}" for s in others))
+        with right:
+            st.dataframe(pd.DataFrame(_evidence_rows(finding.evidence)), hide_index=True, key=f"{key}-evidence")
+            if finding.checks:
+                st.markdown("**Check first**\n" + "\n".join(f"- {md_escape(c)}" for c in finding.checks))
+            if finding.knobs:
+                st.caption("Knob table: " + ", ".join(KNOBS_BY_ID[k].symptom for k in finding.knobs))
+
+
+def knob_table(findings: Sequence[Finding], key: str) -> None:
+    """The knob table, searchable, each row with the findings of this run that rest on it."""
+    query = st.text_input("Search the knob table", key=f"{key}-search", placeholder="e.g. preemption, --max-num-seqs")
+    rows = []
+    for row in KNOB_TABLE:
+        used = [f.id for f in findings if row.id in f.knobs]
+        rows.append({"symptom": row.symptom, "check": row.check, "flags": " ".join(row.flags),
+                     "direction": row.direction, "findings now": ", ".join(used) or "—", "source": row.source})
+    table = pd.DataFrame(rows)
+    if query.strip():
+        mask = table.apply(lambda r: query.lower() in " ".join(r.astype(str)).lower(), axis=1)
+        table = table[mask]
+    st.dataframe(table, hide_index=True, key=f"{key}-table", height=36 * (len(table) + 1) + 4,
+                 column_config={"check": st.column_config.TextColumn(width="large")})

@@ -1,0 +1,51 @@
+"""Diagnose: observed symptoms → the knob table → concrete `vllm serve` changes, with evidence."""
+
+import streamlit as st
+
+from diagnostics.core.derive import last_snapshot, window
+from diagnostics.core.logs import parse_log
+from diagnostics.core.rules import Budgets, Settings, diagnose, exit_code
+from diagnostics.core.text import md_escape
+from diagnostics.errors import BadRecording
+from diagnostics.ui import findings as cards
+from diagnostics.ui import resources, state, widgets
+
+target = widgets.page("Diagnose")
+source = st.radio("Diagnose", ["the live target", "a recording", "a startup log only"], horizontal=True,
+                  key="diagnose_source")
+c1, c2, c3 = st.columns(3)
+itl = c1.number_input("ITL budget, p95 (ms; 0 = none)", min_value=0.0, value=0.0, step=5.0, key="diag_itl")
+ttft = c2.number_input("TTFT budget, p95 (ms; 0 = none)", min_value=0.0, value=0.0, step=50.0, key="diag_ttft")
+minutes = c3.select_slider("Window (live)", options=[1, 5, 15, 60], value=5, key="diag_minutes")
+with st.expander("Startup log (optional): paste the server's log to diagnose a failed start"):
+    log_text = st.text_area("Log text", key="diag_log", height=150) or None
+
+history, info = [], None
+if source == "the live target":
+    if target is None:
+        st.info("Pick a target in the sidebar first.")
+        st.stop()
+    collector = resources.collector(target.url, target.api_key)
+    history, info = window(collector.history(), minutes * 60), collector.status().info
+elif source == "a recording":
+    upload = st.file_uploader("Recording (.jsonl / .jsonl.gz)", type=["jsonl", "gz", "json"], key="diag_upload")
+    if upload is not None:
+        try:
+            recording, history = resources.parsed_recording(upload.getvalue())
+            info = recording.info()
+        except BadRecording as exc:
+            st.error(f"This file is not a usable recording: {md_escape(exc)}")
+elif not log_text:
+    st.info("Paste a startup log above.")
+
+last = last_snapshot(history)
+config = last.snapshot.cache_config if last is not None and last.snapshot is not None else None
+settings = Settings.known(config, info, parse_log(log_text) if log_text else None, max_num_seqs=state.max_num_seqs())
+found = diagnose(history, info=info, budgets=Budgets(ttft_ms=ttft or None, itl_ms=itl or None),
+                 log_text=log_text, settings=settings)
+verdict = {0: ("success", "No warning"), 1: ("warning", "Warnings"), 2: ("error", "Critical")}[exit_code(found)]
+getattr(st, verdict[0])(f"**{verdict[1]}** · {len(found)} findings over {len(history)} scrapes")
+for i, finding in enumerate(found):
+    cards.finding_card(finding, history, settings, key=f"finding-{i}")
+st.subheader("Knob table")
+cards.knob_table(found, key="knobs")
