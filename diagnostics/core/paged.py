@@ -59,6 +59,12 @@ class FreeKVCacheBlockQueue:
     def append(self, block: KVCacheBlock) -> None:
         self._queue[block.block_id] = block
 
+    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Put blocks at the front, ``blocks[0]`` first (next to be reused)."""
+        for block in reversed(blocks):
+            self._queue[block.block_id] = block
+            self._queue.move_to_end(block.block_id, last=False)
+
     def ids(self) -> list[int]:
         return list(self._queue)
 
@@ -124,12 +130,18 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """``free_blocks``: drop a reference; blocks nobody holds go to the tail of the free queue
-        (callers pass them in eviction order: a request's tail blocks first)."""
+        """``free_blocks``: drop a reference. Callers pass blocks in eviction order (a request's
+        tail first). Since vLLM 0.2x, blocks with no hash are reused first (prepended: LIFO, for
+        locality) while cached blocks go to the tail (FIFO, which makes eviction LRU)."""
+        evict_first: list[KVCacheBlock] = []
+        evict_last: list[KVCacheBlock] = []
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0 and not block.is_null:
-                self.free_block_queue.append(block)
+                (evict_first if block.block_hash is None or not self.enable_caching else evict_last).append(block)
+        self.free_block_queue.prepend_n(evict_first)
+        for block in evict_last:
+            self.free_block_queue.append(block)
 
     def get_num_free_blocks(self) -> int:
         return len(self.free_block_queue)

@@ -37,6 +37,8 @@ PAGES = (
     ("pages/1_Live.py", "Live", ":material/show_chart:"),
     ("pages/2_Replay.py", "Replay a recording", ":material/history:"),
     ("pages/3_Diagnose.py", "Diagnose", ":material/troubleshoot:"),
+    ("pages/4_PagedAttention.py", "PagedAttention", ":material/grid_view:"),
+    ("pages/5_Capacity.py", "Capacity", ":material/calculate:"),
 )
 
 

@@ -184,3 +184,42 @@ def test_diagnose_page_on_the_live_target() -> None:
     at = app("pages/3_Diagnose.py").run()
     assert not at.exception
     assert any("findings over" in w.value for w in [*at.warning, *at.success, *at.error])
+
+
+def test_paged_attention_page_teaches_the_seed_examples() -> None:
+    at = app("pages/4_PagedAttention.py").run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    row = table[table["tokens"] == 40].iloc[0]
+    assert (row["blocks"], row["wasted slots"]) == (3, 8)
+    assert metric(at, "No sharing") == "130" and metric(at, "V0 copy-on-write") == "13"
+    at.slider(key="pa_step").set_value(10).run()
+    assert not at.exception
+    assert any("evicted" in i.value for i in at.info)
+
+
+def test_paged_attention_page_rejects_bad_lengths() -> None:
+    at = app("pages/4_PagedAttention.py").run()
+    at.text_input(key="pa_lengths").set_value("forty, -3").run()
+    assert not at.exception and "positive whole numbers" in at.error[0].value
+
+
+def test_capacity_page_gives_72_gb_and_128_kib_and_checks_the_server() -> None:
+    register(fed_collector())
+    at = app("pages/5_Capacity.py").run()
+    assert not at.exception
+    assert metric(at, "Usable (total × utilization)") == "72.0 GB"
+    assert metric(at, "KV bytes per token") == "128.0 KiB"
+    texts = [m.value for m in [*at.success, *at.info, *at.warning]]
+    assert any("12 × 128 = 1,536 tokens" in t and "kv\\_cache\\_size\\_tokens" in t for t in texts), texts
+    assert any("num\\_gpu\\_blocks\\-\\-override" in t or "num\\-gpu\\-blocks\\-override" in t for t in texts), texts
+
+
+def test_capacity_page_with_a_pasted_config() -> None:
+    at = app("pages/5_Capacity.py", url=None).run()
+    at.selectbox(key="cap_model").set_value("paste a config.json").run()
+    at.text_area(key="cap_config").set_value((ROOT / "tests/fixtures/tiny-config.json").read_text()).run()
+    assert not at.exception
+    assert metric(at, "KV bytes per token") == "0.5 KiB"
+    at.text_area(key="cap_config").set_value("{not json").run()
+    assert not at.exception and at.error

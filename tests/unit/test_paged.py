@@ -157,3 +157,14 @@ def test_copy_on_write_invariants(prompt: int, n: int, writers: list[int]) -> No
     for i in range(n):
         cow.free(f"s{i}")
     cow.check_invariants()
+
+
+def test_uncached_blocks_are_reused_first_and_cached_ones_last() -> None:
+    """vLLM 0.32's free_blocks: a freed block with no hash is prepended (LIFO reuse), a cached one
+    appended (so cached content is evicted least-recently-freed first)."""
+    manager = KVCacheManager(num_gpu_blocks=10, block_size=4)
+    a = Request("a", list(range(6)))  # block 1 full (cached), block 2 partial (no hash)
+    admit(manager, a)
+    manager.free(a)
+    assert manager.block_pool.free_block_queue.ids() == [2, 3, 4, 5, 6, 7, 8, 9, 1]
+    assert admit(manager, Request("b", list(range(100, 104)))) == [2]
