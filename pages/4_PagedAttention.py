@@ -80,6 +80,7 @@ c2.dataframe(
     key="pa_tables",
 )
 c2.caption(
-    "16 blocks of 4 tokens. Green: held by one request; orange: shared (ref_cnt > 1); light blue: free "
-    "but still cached (a later prompt with the same prefix hits it; reused last-freed-last)."
+    "16 blocks of 4 tokens. Green: held by one request; orange: shared (ref_cnt > 1); light blue: free but still "
+    "cached, so a later prompt with the same prefix hits it. Freed blocks without cached content are reused "
+    "first; cached ones are evicted least-recently-freed first (vLLM 0.32's free_blocks)."
 )

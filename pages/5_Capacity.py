@@ -8,7 +8,7 @@ from diagnostics.core.capacity import DTYPE_BYTES, GPU_PRESETS_GB, MODEL_PRESETS
 from diagnostics.core.derive import last_snapshot
 from diagnostics.core.server_check import check_server
 from diagnostics.core.text import md_escape
-from diagnostics.ui import resources, widgets
+from diagnostics.ui import resources, state, widgets
 
 target = widgets.page("Capacity")
 c1, c2, c3 = st.columns(3)
@@ -66,10 +66,17 @@ st.header("Check against the attached server")
 if target is None:
     st.info("Attach a server in the sidebar to check this arithmetic against what it reports.")
     st.stop()
-collector = resources.collector(target.url, target.api_key)
-last = last_snapshot(collector.history())
-if last is None or last.snapshot is None or last.snapshot.cache_config is None:
-    st.info("No cache_config_info from this server yet.")
-    st.stop()
-for line in check_server(last.snapshot.cache_config, collector.status().info):
-    getattr(st, line.level)(md_escape(line.text))
+
+
+@st.fragment(run_every=state.refresh_seconds())
+def server_check() -> None:
+    collector = resources.collector(target.url, target.api_key)
+    last = last_snapshot(collector.history())
+    if last is None or last.snapshot is None or last.snapshot.cache_config is None:
+        st.info("No cache_config_info from this server yet.")
+        return
+    for line in check_server(last.snapshot.cache_config, collector.status().info):
+        getattr(st, line.level)(md_escape(line.text))
+
+
+server_check()

@@ -179,6 +179,7 @@ def block_size_figure(lengths: list[int], block_sizes: list[int]) -> go.Figure:
         height=300,
         margin={"l": 50, "r": 50, "t": 20, "b": 40},
         xaxis_title="block size (tokens)",
+        xaxis_type="category",
         yaxis_title="wasted token slots",
         legend={"orientation": "h", "y": -0.3},
         yaxis2={"title": "entries", "overlaying": "y", "side": "right", "rangemode": "tozero"},

@@ -151,3 +151,15 @@ def test_diagnose_page_names_the_knob_for_a_recording(page: Page, streamlit_url:
     expect(page.get_by_text("--gpu-memory-utilization 0.35").first).to_be_visible()
     page.wait_for_timeout(1000)
     page.screenshot(path=str(ARTIFACTS / "diagnose.png"), full_page=True)
+
+
+def test_paged_attention_and_capacity_pages(page: Page, streamlit_url: str) -> None:
+    page.goto(streamlit_url + "/PagedAttention")
+    expect(page.get_by_text("1 · Block size is a trade-off").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("130", exact=True).first).to_be_visible()
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(ARTIFACTS / "paged-attention.png"), full_page=True)
+    page.goto(streamlit_url + "/Capacity")
+    expect(page.get_by_text("72.0 GB").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("= the server's kv_cache_size_tokens").first).to_be_visible(timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "capacity.png"), full_page=True)
