@@ -22,7 +22,7 @@ from diagnostics.core.info import ServerInfo
 from diagnostics.core.logs import parse_log
 from diagnostics.core.rules import Budgets, Finding, Settings, Thresholds, command_diff, diagnose, exit_code
 from diagnostics.errors import BadRecording, NotVllm, TargetError
-from diagnostics.recording import RecordingWriter, read_recording
+from diagnostics.recording import Recording, RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV, VllmClient, api_key_from_env
 
 EXIT_TARGET = 3
@@ -171,14 +171,20 @@ def render_status(obj: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _read_recording(path: str) -> Recording:
+    """A recording, with one warning line per skipped line; exit 5 when nothing is usable."""
+    try:
+        recording = read_recording(path)
+    except BadRecording as exc:
+        raise CliError(f"{path}: {exc}", EXIT_FILE) from None
+    for problem in recording.problems:
+        print(f"warning: {path}: {problem} (skipped)", file=sys.stderr)
+    return recording
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     if args.replay:
-        try:
-            recording = read_recording(args.replay)
-        except BadRecording as exc:
-            raise CliError(f"{args.replay}: {exc}", EXIT_FILE) from None
-        for problem in recording.problems:
-            print(f"warning: {args.replay}: {problem} (skipped)", file=sys.stderr)
+        recording = _read_recording(args.replay)
         scrapes = recording.scrapes()
         last = scrapes[-1]
         state = derive_state(scrapes, args.window)
@@ -243,12 +249,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     history: list[Scrape] = []
     info: ServerInfo | None = None
     if args.replay:
-        try:
-            recording = read_recording(args.replay)
-        except BadRecording as exc:
-            raise CliError(f"{args.replay}: {exc}", EXIT_FILE) from None
-        for problem in recording.problems:
-            print(f"warning: {args.replay}: {problem} (skipped)", file=sys.stderr)
+        recording = _read_recording(args.replay)
         history, info = recording.scrapes(), recording.info()
     elif args.url:
         client = _client(args)

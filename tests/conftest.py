@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.vllm_server import VllmServer, build_tiny_model
+from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL_PAYLOADS = ("metrics-0.32.0-burst.txt", "metrics-0.32.0-burst-small.txt", "metrics-0.32.0-idle.txt")
@@ -45,13 +45,8 @@ def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "main": VllmServer(tiny_model, work / "main").start(),
         "tiny": VllmServer(tiny_model, work / "tiny", TINY_ARGS).start(),
     }
-    try:
-        for server in servers.values():
-            server.wait_ready()
+    with all_ready(servers):
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from diagnostics.collector import Collector
 from diagnostics.recording import RecordingWriter
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
-from tests.integration.vllm_server import VllmServer, build_tiny_model
+from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_model
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,13 +39,8 @@ def condition_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
         "noprefix": VllmServer(tiny_model, work / "noprefix", ("--no-enable-prefix-caching",)).start(),
         "small": VllmServer(small, work / "small").start(),
     }
-    try:
-        for server in servers.values():
-            server.wait_ready()
+    with all_ready(servers):
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 def record(server: VllmServer, path: Path, action: Callable[[], None], interval: float = 0.5) -> Path:
