@@ -206,3 +206,23 @@ def test_cli_refuses_a_prometheus_endpoint_that_is_not_vllm(tmp_path: Path) -> N
         assert result.returncode == 4 and "no vllm: metrics" in result.stderr
     finally:
         server.terminate()
+
+
+def test_a_server_with_an_api_key(vllm_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """vLLM guards /v1 with --api-key while /metrics stays open: without the key the state is up and
+    the missing info says why; with it, /v1/models answers; the key is never written anywhere."""
+    secret = "sk-triage-test-0123456789"
+    server = vllm_factory("--api-key", secret)
+    anonymous = Collector(VllmClient(server.url), interval_seconds=0.5)
+    anonymous.scrape_once()
+    status = anonymous.status()
+    assert status.state == "up" and status.info is None
+    assert status.info_error is not None and "401" in status.info_error and "API key" in status.info_error
+    monkeypatch.setenv("TRIAGE_TEST_KEY", secret)
+    out = tmp_path / "keyed.jsonl"
+    rec = cli("record", "--url", server.url, "--api-key-env", "TRIAGE_TEST_KEY", "--seconds", "1.5",
+              "--interval", "0.5", "--out", str(out))
+    assert rec.returncode == 0, rec.stderr
+    assert secret not in rec.stderr and secret not in rec.stdout and secret not in out.read_text()
+    status_out = cli("status", "--replay", str(out), "--json")
+    assert json.loads(status_out.stdout)["model"] == "tiny"

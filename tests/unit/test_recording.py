@@ -72,3 +72,22 @@ def test_a_recorded_payload_that_no_longer_parses_becomes_an_error_scrape() -> N
     line = json.dumps({"ts": 1, "target": "t", "metrics": 'vllm:x{engine="0"'})
     scrape = read_recording(line.encode()).scrapes()[0]
     assert scrape.snapshot is None and "bad payload" in (scrape.error or "")
+
+
+def test_save_snapshot_roundtrip_keeps_the_last_minutes() -> None:
+    from diagnostics.recording import encode_recording
+
+    server, clock = FakeServer(), Clock()
+    client = VllmClient("http://fake:8000", SECRET, transport=httpx.MockTransport(server))
+    collector = Collector(client, clock=clock, raw_retention_seconds=60)
+    for mode in ["up"] * 100 + ["down", "up"]:
+        server.mode = mode
+        collector.scrape_once()
+        clock.now += 1.0
+    data = encode_recording(collector.recent_records(30))
+    assert data[:2] == b"\x1f\x8b" and SECRET.encode() not in gzip.decompress(data)
+    replay = read_recording(data)
+    assert len(replay.records) == 31 and replay.records[0].info is not None
+    assert [s.error is not None for s in replay.scrapes()][-2:] == [True, False]
+    live = [s for s in collector.history() if s.ts >= replay.records[0].ts]
+    assert derive_state(replay.scrapes()) == derive_state(live)
