@@ -28,7 +28,7 @@ def overview() -> None:
     st.subheader("Server")
     widgets.config_card(status.info, derived.cache_config)
     st.subheader("Now")
-    widgets.headline(derived)
+    widgets.headline(derived, status)
     widgets.age_caption(history)
 
 

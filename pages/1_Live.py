@@ -26,7 +26,7 @@ def live() -> None:
         st.error(str(exc))
         return
     widgets.status_banner(status)
-    widgets.headline(derive_state(history, state.quantile_window_seconds()))
+    widgets.headline(derive_state(history, state.quantile_window_seconds()), status)
     widgets.panels(
         history,
         window_seconds=state.window_seconds(),

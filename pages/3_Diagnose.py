@@ -11,8 +11,9 @@ from diagnostics.ui import findings as cards
 from diagnostics.ui import resources, state, widgets
 
 target = widgets.page("Diagnose")
-source = st.radio("Diagnose", ["the live target", "a recording", "a startup log only"], horizontal=True,
-                  key="diagnose_source")
+source = st.radio(
+    "Diagnose", ["the live target", "a recording", "a startup log only"], horizontal=True, key="diagnose_source"
+)
 c1, c2, c3 = st.columns(3)
 itl = c1.number_input("ITL budget, p95 (ms; 0 = none)", min_value=0.0, value=0.0, step=5.0, key="diag_itl")
 ttft = c2.number_input("TTFT budget, p95 (ms; 0 = none)", min_value=0.0, value=0.0, step=50.0, key="diag_ttft")
@@ -41,8 +42,9 @@ elif not log_text:
 last = last_snapshot(history)
 config = last.snapshot.cache_config if last is not None and last.snapshot is not None else None
 settings = Settings.known(config, info, parse_log(log_text) if log_text else None, max_num_seqs=state.max_num_seqs())
-found = diagnose(history, info=info, budgets=Budgets(ttft_ms=ttft or None, itl_ms=itl or None),
-                 log_text=log_text, settings=settings)
+found = diagnose(
+    history, info=info, budgets=Budgets(ttft_ms=ttft or None, itl_ms=itl or None), log_text=log_text, settings=settings
+)
 verdict = {0: ("success", "No warning"), 1: ("warning", "Warnings"), 2: ("error", "Critical")}[exit_code(found)]
 getattr(st, verdict[0])(f"**{verdict[1]}** · {len(found)} findings over {len(history)} scrapes")
 for i, finding in enumerate(found):

@@ -41,16 +41,18 @@ def _times(ts: Sequence[float]) -> list[datetime]:
 
 
 def _layout(fig: go.Figure, title: str, y_title: str, **kw: Any) -> go.Figure:
-    fig.update_layout(
-        title={"text": title, "font": {"size": 15}},
-        yaxis_title=y_title,
-        height=320,
-        margin={"l": 60, "r": 20, "t": 45, "b": 30},
-        legend={"orientation": "h", "y": -0.22},
-        hovermode="x unified",
-        uirevision="keep",  # keep the user's zoom across live refreshes
-        **kw,
-    )
+    """Shared layout; any keyword overrides the default of the same name."""
+    layout: dict[str, Any] = {
+        "title": {"text": title, "font": {"size": 15}},
+        "yaxis_title": y_title,
+        "height": 320,
+        "margin": {"l": 60, "r": 20, "t": 45, "b": 30},
+        "legend": {"orientation": "h", "y": -0.22},
+        "hovermode": "x unified",
+        "uirevision": "keep",  # keep the user's zoom across live refreshes
+    }
+    layout.update(kw)
+    fig.update_layout(**layout)
     return fig
 
 
@@ -309,7 +311,10 @@ def gpu_memory_figure(
             annotation_text=f"gpu_memory_utilization {config.gpu_memory_utilization:g} × total",
         )
     fig.update_layout(barmode="overlay")
-    return _layout(fig, "GPU memory", "", xaxis_title="GiB", hovermode="closest", height=160 + 50 * len(gpus))
+    return _layout(
+        fig, "GPU memory", "", xaxis_title="GiB", hovermode="closest", height=180 + 50 * len(gpus),
+        legend={"orientation": "h", "y": -0.45},
+    )
 
 
 def finding_figure(

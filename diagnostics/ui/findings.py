@@ -50,21 +50,30 @@ def diff_text(settings: Settings, suggestion: Suggestion) -> str:
 def finding_card(finding: Finding, history: Sequence[Scrape], settings: Settings, key: str) -> None:
     """One finding: severity, title, evidence (with a small chart), the `vllm serve` change, checks."""
     with st.container(border=True):
-        st.markdown(f"{BADGES[finding.severity]} **{md_escape(finding.title)}**  \n"
-                    f"`{finding.id}`{_when(finding.time_range)}")
+        st.markdown(
+            f"{BADGES[finding.severity]} **{md_escape(finding.title)}**  \n`{finding.id}`{_when(finding.time_range)}"
+        )
         left, right = st.columns([3, 2])
         with left:
             if finding.chart:
-                chart(partial(figures.finding_figure, history, finding.chart, finding.time_range), f"{key}-chart",
-                      "No data to draw for this finding.")
+                chart(
+                    partial(figures.finding_figure, history, finding.chart, finding.time_range),
+                    f"{key}-chart",
+                    "No data to draw for this finding.",
+                )
             if finding.suggestions:
                 first, *others = finding.suggestions
                 st.markdown(f"**Suggested change** — {md_escape(first.why)}")
                 st.code(diff_text(settings, first), language="diff")
                 if others:
-                    st.markdown("**Or, instead**\n" + "\n".join(
-                        f"- `{s.flag}{'' if s.value is None else ' ' + str(s.value).replace('`', '')}` "
-                        f"({s.direction}): {md_escape(s.why)}" for s in others))
+                    st.markdown(
+                        "**Or, instead**\n"
+                        + "\n".join(
+                            f"- `{s.flag}{'' if s.value is None else ' ' + str(s.value).replace('`', '')}` "
+                            f"({s.direction}): {md_escape(s.why)}"
+                            for s in others
+                        )
+                    )
         with right:
             st.dataframe(pd.DataFrame(_evidence_rows(finding.evidence)), hide_index=True, key=f"{key}-evidence")
             if finding.checks:
@@ -79,11 +88,24 @@ def knob_table(findings: Sequence[Finding], key: str) -> None:
     rows = []
     for row in KNOB_TABLE:
         used = [f.id for f in findings if row.id in f.knobs]
-        rows.append({"symptom": row.symptom, "check": row.check, "flags": " ".join(row.flags),
-                     "direction": row.direction, "findings now": ", ".join(used) or "—", "source": row.source})
+        rows.append(
+            {
+                "symptom": row.symptom,
+                "check": row.check,
+                "flags": " ".join(row.flags),
+                "direction": row.direction,
+                "findings now": ", ".join(used) or "—",
+                "source": row.source,
+            }
+        )
     table = pd.DataFrame(rows)
     if query.strip():
         mask = table.apply(lambda r: query.lower() in " ".join(r.astype(str)).lower(), axis=1)
         table = table[mask]
-    st.dataframe(table, hide_index=True, key=f"{key}-table", height=36 * (len(table) + 1) + 4,
-                 column_config={"check": st.column_config.TextColumn(width="large")})
+    st.dataframe(
+        table,
+        hide_index=True,
+        key=f"{key}-table",
+        height=36 * (len(table) + 1) + 4,
+        column_config={"check": st.column_config.TextColumn(width="large")},
+    )

@@ -86,7 +86,10 @@ def sidebar(config: TargetsConfig) -> Selected | None:
     if state.CUSTOM in options and (len(options) == 1 or state.get(state.TARGET_NAME) == state.CUSTOM):
         _persisted(sb.text_input, state.CUSTOM_URL, "vLLM URL", placeholder="http://127.0.0.1:8000")
         _persisted(
-            sb.text_input, state.API_KEY, "API key (optional)", type="password",
+            sb.text_input,
+            state.API_KEY,
+            "API key (optional)",
+            type="password",
             help="Sent as a bearer token; never shown or saved. Defaults to $VLLM_API_KEY.",
         )
     try:
@@ -97,10 +100,22 @@ def sidebar(config: TargetsConfig) -> Selected | None:
     sb.header("View")
     _persisted(sb.select_slider, state.REFRESH_SECONDS, "Refresh every (s)", options=state.REFRESH_CHOICES)
     _persisted(sb.radio, state.WINDOW_SECONDS, "Time window", list(state.WINDOW_CHOICES), horizontal=True)
-    _persisted(sb.radio, state.QUANTILE_WINDOW_SECONDS, "Percentile / rate window",
-               list(state.QUANTILE_WINDOW_CHOICES), horizontal=True)
-    _persisted(sb.number_input, state.MAX_NUM_SEQS, "--max-num-seqs (to draw the cap)", min_value=0,
-               max_value=100000, step=1, help="vLLM does not export it; 0 = unknown.")
+    _persisted(
+        sb.radio,
+        state.QUANTILE_WINDOW_SECONDS,
+        "Percentile / rate window",
+        list(state.QUANTILE_WINDOW_CHOICES),
+        horizontal=True,
+    )
+    _persisted(
+        sb.number_input,
+        state.MAX_NUM_SEQS,
+        "--max-num-seqs (to draw the cap)",
+        min_value=0,
+        max_value=100000,
+        step=1,
+        help="vLLM does not export it; 0 = unknown.",
+    )
     return selected
 
 
@@ -125,7 +140,7 @@ STATE_TEXT = {
 
 def status_banner(status: TargetStatus) -> None:
     kind, text = STATE_TEXT[status.state]
-    line = f"**{text}** · {md_escape(status.target)}"
+    line = f"**{text}** · `{status.target.replace('`', '')}`"
     if status.state in ("down", "stale", "not_vllm") and status.since is not None:
         line += f" · since {fmt_when(status.since)}"
     if status.state in ("down", "stale", "not_vllm") and status.last_ok_ts is not None:
@@ -169,8 +184,10 @@ def _num(value: float | None, suffix: str = "") -> str:
     return "—" if value is None else f"{value:,.0f}{suffix}"
 
 
-def headline(derived: DerivedState) -> None:
-    """The numbers an on-call engineer reads first."""
+def headline(derived: DerivedState, status: TargetStatus | None = None) -> None:
+    """The numbers an on-call engineer reads first (the last known ones while the target is down)."""
+    if status is not None and status.state in ("down", "stale", "not_vllm") and derived.ts is not None:
+        st.caption(f"Last known values, from the scrape at {fmt_when(derived.ts)}.")
     cols = st.columns(6)
     cols[0].metric("KV cache used", _pct(derived.kv_cache_usage_perc))
     cols[1].metric("Running", _num(derived.num_requests_running))

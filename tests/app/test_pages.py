@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -52,9 +53,9 @@ class RecordedServer:
         return httpx.Response(200)
 
 
-def fed_collector(url: str = URL, model_name: str = "tiny") -> Collector:
+def fed_collector(url: str = URL, model_name: str = "tiny", gpus: list[dict[str, Any]] | None = None) -> Collector:
     client = VllmClient(url, transport=httpx.MockTransport(RecordedServer(model_name)))
-    collector = Collector(client, interval_seconds=0.25)
+    collector = Collector(client, interval_seconds=0.25, gpu_reader=(lambda: gpus) if gpus else None)
     for _ in range(30):  # the whole recording, scraped now
         collector.scrape_once()
     return collector
@@ -223,3 +224,12 @@ def test_capacity_page_with_a_pasted_config() -> None:
     assert metric(at, "KV bytes per token") == "0.5 KiB"
     at.text_area(key="cap_config").set_value("{not json").run()
     assert not at.exception and at.error
+
+
+def test_live_page_draws_gpu_memory_when_nvml_reads_devices() -> None:
+    gpus = [{"index": 0, "name": "NVIDIA H200", "memory_used_bytes": 120 * 2**30, "memory_total_bytes": 141 * 2**30}]
+    register(fed_collector(gpus=gpus))
+    at = app("pages/1_Live.py").run()
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == 10
+    assert not any("GPU memory: not available" in i.value for i in at.info)
