@@ -283,6 +283,25 @@ def cmd_alert_rules(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from diagnostics.sim.server import SimServer
+
+    try:
+        server = SimServer(args.scenario, port=args.port, host=args.host, speed=args.speed).start()
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", 2) from None
+    print(f"simulated vLLM ({args.scenario}) at {server.url} — not a real server; Ctrl-C stops it", file=sys.stderr,
+          flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.stop()
+    return 0
+
+
 def _positive(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -329,6 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--max-num-batched-tokens", type=int, help="the server's --max-num-batched-tokens, when known")
     diag.add_argument("--json", action="store_true", help='{"findings": [...]}')
     diag.set_defaults(func=cmd_diagnose)
+
+    simulate = sub.add_parser("simulate", help="run the simulated vLLM engine's HTTP surface on loopback")
+    simulate.add_argument("--scenario", default="healthy", help="healthy, queue_at_cap, kv_pressure, head_of_line, "
+                          "parallel_no_prefix, parallel_sampling, slow_decode, stall")
+    simulate.add_argument("--port", type=int, default=8000)
+    simulate.add_argument("--host", default="127.0.0.1")
+    simulate.add_argument("--speed", type=_positive, default=1.0, help="simulated seconds per wall second")
+    simulate.set_defaults(func=cmd_simulate)
 
     alerts = sub.add_parser("alert-rules", help="a Prometheus rule file with the same thresholds")
     alerts.add_argument("--out", help="write to this file (default: stdout)")

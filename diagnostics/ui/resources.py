@@ -18,7 +18,14 @@ from diagnostics.collector import Collector, shared_collector
 from diagnostics.core.derive import Scrape
 from diagnostics.core.targets import TargetsConfig, targets_from
 from diagnostics.recording import Recording, read_recording
+from diagnostics.sim.server import SimServer
 from diagnostics.sources.nvml import gpu_reader, nvml_status
+
+
+@st.cache_resource(show_spinner=False)
+def simulator() -> SimServer:
+    """The embedded simulated vLLM server: started once per process on a free loopback port."""
+    return SimServer("healthy").start()
 
 
 @st.cache_resource(show_spinner=False)

@@ -14,6 +14,8 @@ MAX_NUM_SEQS = "max_num_seqs"
 SNAPSHOT_MINUTES = "snapshot_minutes"
 
 CUSTOM = "custom URL…"
+SIMULATED = "simulated engine (demo)"
+SCENARIO = "sim_scenario"
 REFRESH_CHOICES = (1, 2, 5, 10)
 WINDOW_CHOICES = {"5 min": 300, "15 min": 900, "1 h": 3600}
 QUANTILE_WINDOW_CHOICES = {"30 s": 30, "60 s": 60, "5 min": 300}

@@ -30,6 +30,14 @@ class Selected:
     url: str
     label: str
     api_key: str | None = field(default=None, repr=False)
+    simulated: bool = False
+
+
+def _options(config: TargetsConfig) -> list[str]:
+    """Configured targets first; the built-in simulation and a custom URL unless the deployment is
+    locked to its list (``allow_custom_targets = false``)."""
+    extra = [state.SIMULATED, state.CUSTOM] if config.allow_custom else []
+    return [t.name for t in config.targets] + extra
 
 
 PAGES = (
@@ -47,12 +55,16 @@ def resolve(config: TargetsConfig) -> Selected | None:
 
     Raises ``ValueError`` for a URL that cannot be used.
     """
-    options = [t.name for t in config.targets] + ([state.CUSTOM] if config.allow_custom else [])
+    options = _options(config)
     if not options:
         return None
     choice = state.get(state.TARGET_NAME)
     if choice not in options:
         choice = options[0]
+    if choice == state.SIMULATED:
+        from diagnostics.ui import resources
+
+        return Selected(resources.simulator().url, "simulated engine", None, simulated=True)
     if choice == state.CUSTOM:
         url = str(state.get(state.CUSTOM_URL) or "")
         if not url.strip():
@@ -76,13 +88,15 @@ def sidebar(config: TargetsConfig) -> Selected | None:
     sb.header("Target")
     for problem in config.problems:
         sb.warning(md_escape(problem))
-    options = [t.name for t in config.targets] + ([state.CUSTOM] if config.allow_custom else [])
+    options = _options(config)
     if not options:
         sb.error("No target configured and custom URLs are not allowed here.")
     elif len(options) > 1:
         if state.get(state.TARGET_NAME) not in options:
             st.session_state[state.TARGET_NAME] = options[0]
         _persisted(sb.selectbox, state.TARGET_NAME, "Server", options)
+    if state.get(state.TARGET_NAME) == state.SIMULATED and state.SIMULATED in options:
+        scenario_picker(sb)
     if state.CUSTOM in options and (len(options) == 1 or state.get(state.TARGET_NAME) == state.CUSTOM):
         _persisted(sb.text_input, state.CUSTOM_URL, "vLLM URL", placeholder="http://127.0.0.1:8000")
         _persisted(
@@ -119,6 +133,41 @@ def sidebar(config: TargetsConfig) -> Selected | None:
     return selected
 
 
+def scenario_title(name: str) -> str:
+    """A scenario's display name (module level: widget functions must pickle under AppTest)."""
+    from diagnostics.core.sim_scenarios import SCENARIOS
+
+    return SCENARIOS[name].title
+
+
+def scenario_picker(container: Any) -> None:
+    """Switch the simulated engine's scenario (it is shared by every viewer of this process)."""
+    from diagnostics.core.sim_scenarios import SCENARIOS
+    from diagnostics.ui import resources
+
+    sim = resources.simulator().sim
+    names = list(SCENARIOS)
+    if st.session_state.get(state.SCENARIO) not in names:
+        st.session_state[state.SCENARIO] = sim.scenario.name
+
+    def switch() -> None:
+        sim.set_scenario(st.session_state[state.SCENARIO])
+
+    container.selectbox("Scenario", names, key=state.SCENARIO, on_change=switch,
+                        format_func=scenario_title,
+                        help="Each scenario shows one symptom within a minute; the Diagnose page names its knob.")
+    container.caption(md_escape(SCENARIOS[sim.scenario.name].symptom))
+
+
+def simulation_note(selected: Selected | None) -> None:
+    if selected is not None and selected.simulated:
+        from diagnostics.ui import resources
+
+        scenario = resources.simulator().sim.scenario
+        st.info(f"**Simulated engine** — not a real server. Scenario: {md_escape(scenario.title)} "
+                f"({md_escape(scenario.symptom)}). Point the sidebar at a real `vllm serve` to triage it.")
+
+
 def page(title: str) -> Selected | None:
     """Every page starts here: wide layout, the sidebar, the title; returns the chosen target."""
     st.set_page_config(page_title=f"{title} · vLLM triage", page_icon="🩺", layout="wide")
@@ -126,6 +175,7 @@ def page(title: str) -> Selected | None:
 
     selected = sidebar(resources.targets_config())
     st.title(title)
+    simulation_note(selected)
     return selected
 
 

@@ -74,6 +74,7 @@ def app(page: str | None = None, url: str | None = URL) -> AppTest:
     if page:
         at.switch_page(page)
     if url is not None:
+        at.session_state["target_name"] = "custom URL…"
         at.session_state["custom_url"] = url
     return at
 
@@ -82,10 +83,15 @@ def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
 
-def test_overview_without_a_target_asks_for_a_url() -> None:
+def test_with_nothing_configured_the_app_attaches_to_the_simulated_engine() -> None:
     at = app(url=None).run()
     assert not at.exception
-    assert "Enter the URL" in at.info[0].value
+    assert "Simulated engine" in at.info[0].value
+    time.sleep(1.5)
+    at.run()
+    assert at.success and "Up" in at.success[0].value
+    assert metric(at, "vLLM version") == "0\\.32\\.0"
+    assert at.sidebar.selectbox(key="sim_scenario").value == "healthy"
 
 
 def test_overview_shows_the_status_card() -> None:

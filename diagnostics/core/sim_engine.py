@@ -1,0 +1,278 @@
+"""A simulated vLLM engine: continuous batching over the real block allocator.
+
+``SimEngine.step`` mirrors one iteration of vLLM v1's ``Scheduler.schedule`` + model step
+(``vllm/v1/core/sched/scheduler.py``): running requests first (one decode token each, or their
+next prefill chunk), preempting the most recently admitted running request by recompute when
+``allocate_slots`` returns None; then waiting requests in arrival order while ``max_num_seqs``
+and the ``max_num_batched_tokens`` budget allow (chunked prefill), each looked up in the prefix
+cache first. n > 1 requests fan out into n child requests that share the prompt's full blocks.
+
+Step time is a roofline (assumptions, stated): a step reads all weights plus the KV of every
+scheduled sequence's context once from HBM, and does 2 × params FLOPs per token; its time is the
+larger of bytes ÷ bandwidth and FLOPs ÷ (peak × 0.5 efficiency), plus a fixed 3 ms of scheduling
+and launch overhead. No communication cost for TP beyond splitting weights and KV heads.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from diagnostics.core.capacity import MODEL_PRESETS, ModelShape, capacity, kv_bytes_per_token, weight_bytes
+from diagnostics.core.paged import KVCacheManager, Request
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    name: str
+    memory_bytes: float
+    bandwidth_bytes_per_s: float
+    flops: float  # dense bf16 peak
+
+
+GPU_SPECS = {
+    "H100-80GB": GpuSpec("H100-80GB", 80e9, 3.35e12, 989e12),
+    "H200-141GB": GpuSpec("H200-141GB", 141e9, 4.8e12, 989e12),
+    "A100-80GB": GpuSpec("A100-80GB", 80e9, 2.0e12, 312e12),
+    "L4-24GB": GpuSpec("L4-24GB", 24e9, 0.3e12, 121e12),
+}
+STEP_OVERHEAD_SECONDS = 0.003
+COMPUTE_EFFICIENCY = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: ModelShape = MODEL_PRESETS["Llama-3.1-8B"]
+    gpu: GpuSpec = GPU_SPECS["H100-80GB"]
+    tensor_parallel_size: int = 1
+    block_size: int = 16
+    num_gpu_blocks: int | None = None  # None: from the capacity arithmetic
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+    kv_dtype_bytes: float = 2.0
+    weight_dtype_bytes: float = 2.0
+    served_model_name: str = "sim-llama-3.1-8b"
+
+    def resolved_num_gpu_blocks(self) -> int:
+        if self.num_gpu_blocks:
+            return self.num_gpu_blocks
+        cap = capacity(self.model, total_memory_bytes=self.gpu.memory_bytes,
+                       gpu_memory_utilization=self.gpu_memory_utilization, weight_dtype_bytes=self.weight_dtype_bytes,
+                       kv_dtype_bytes=self.kv_dtype_bytes, tensor_parallel_size=self.tensor_parallel_size,
+                       overhead_bytes=2e9, block_size=self.block_size)
+        return max(2, cap.blocks)
+
+
+@dataclass(slots=True)
+class SimRequest:
+    request: Request
+    max_tokens: int
+    arrival: float
+    n: int = 1
+    parent: str | None = None
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    num_output: int = 0
+    num_preemptions: int = 0
+    prefix_looked_up: bool = False
+    finished_reason: str | None = None
+    on_token: Callable[[SimRequest], None] | None = None
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What one engine step did, for the metrics exporter (vLLM's SchedulerStats + IterationStats)."""
+
+    now: float
+    num_running: int
+    num_waiting: int
+    kv_cache_usage_perc: float
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    iteration_tokens: int = 0
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    finished: list[SimRequest] = field(default_factory=list)
+
+
+class SimEngine:
+    """The engine core, advanced one step at a time on a simulated clock."""
+
+    def __init__(self, config: EngineConfig, seed: int = 0) -> None:
+        self.config = config
+        self.num_gpu_blocks = config.resolved_num_gpu_blocks()
+        self.kv = KVCacheManager(self.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        self.now = 0.0
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.stalled = False
+        self._ids = 0
+        self._rng = random.Random(seed)
+        per_token = kv_bytes_per_token(config.model, config.kv_dtype_bytes, config.tensor_parallel_size)
+        self._kv_bytes_per_token = per_token
+        self._weight_bytes = weight_bytes(config.model, config.weight_dtype_bytes, config.tensor_parallel_size)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def add_request(self, prompt_token_ids: list[int], max_tokens: int, n: int = 1,
+                    on_token: Callable[[SimRequest], None] | None = None) -> list[SimRequest]:
+        """A new request (``n`` children for parallel sampling); prompts longer than max_model_len are cut."""
+        prompt = prompt_token_ids[: max(1, self.config.max_model_len - max_tokens)]
+        self._ids += 1
+        parent = f"req-{self._ids}"
+        out = []
+        for i in range(n):
+            rid = parent if n == 1 else f"{parent}-{i}"
+            sim = SimRequest(Request(rid, list(prompt)), max_tokens, self.now, n=n, parent=parent, on_token=on_token)
+            self.waiting.append(sim)
+            out.append(sim)
+        return out
+
+    # -- cost model ----------------------------------------------------------------------------
+
+    def step_seconds(self, prefill_tokens: int, decode_contexts: list[int]) -> float:
+        cfg = self.config
+        tokens = prefill_tokens + len(decode_contexts)
+        kv_read = sum(decode_contexts) * self._kv_bytes_per_token
+        memory_time = (self._weight_bytes + kv_read) / cfg.gpu.bandwidth_bytes_per_s
+        compute_time = 2 * cfg.model.num_params / max(1, cfg.tensor_parallel_size) * tokens / (
+            cfg.gpu.flops * COMPUTE_EFFICIENCY)
+        return max(memory_time, compute_time) + STEP_OVERHEAD_SECONDS
+
+    # -- one iteration -------------------------------------------------------------------------
+
+    def _preempt(self, victim: SimRequest, stats: StepStats) -> None:
+        """Recompute preemption: free the blocks, back to the front of the waiting queue."""
+        self.kv.free(victim.request)
+        victim.request.num_computed_tokens = 0
+        victim.prefix_looked_up = False
+        victim.num_preemptions += 1
+        self.running.remove(victim)
+        self.waiting.appendleft(victim)
+        stats.num_preemptions += 1
+
+    def step(self) -> StepStats:
+        """One scheduler iteration plus the model step; advances the clock by the step's time."""
+        cfg = self.config
+        stats = StepStats(self.now, len(self.running), len(self.waiting), self.kv.usage)
+        if self.stalled:
+            return stats
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[tuple[SimRequest, int]] = []
+        for sim in list(self.running):
+            if sim not in self.running or budget <= 0:
+                continue
+            req = sim.request
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                continue
+            if num_new == 1 and self._fits_in_last_block(req):
+                scheduled.append((sim, 1))  # a decode token inside its last block: nothing to allocate
+                budget -= 1
+                continue
+            while self.kv.allocate_slots(req, num_new) is None:
+                victim = self.running[-1]
+                self._preempt(victim, stats)
+                if victim is sim:
+                    break
+            if sim in self.running:
+                scheduled.append((sim, num_new))
+                budget -= num_new
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            sim = self.waiting[0]
+            req = sim.request
+            computed: list = []
+            if not sim.prefix_looked_up:
+                computed, hit = self.kv.get_computed_blocks(req)
+                if sim.num_preemptions == 0:
+                    stats.prefix_queries += req.num_tokens
+                    stats.prefix_hits += hit
+                req.num_computed_tokens = hit
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if self.kv.allocate_slots(req, num_new, computed) is None:
+                req.num_computed_tokens = 0
+                break
+            sim.prefix_looked_up = True
+            self.waiting.popleft()
+            self.running.append(sim)
+            if sim.scheduled_at is None:
+                sim.scheduled_at = self.now
+            scheduled.append((sim, num_new))
+            budget -= num_new
+        if not scheduled:
+            stats.num_running, stats.num_waiting, stats.kv_cache_usage_perc = (
+                len(self.running), len(self.waiting), self.kv.usage)
+            return stats
+        prefill = sum(n for sim, n in scheduled if sim.request.num_computed_tokens < sim.request.num_prompt_tokens)
+        contexts = [sim.request.num_computed_tokens for sim, _ in scheduled]
+        self.now += self.step_seconds(prefill, contexts)
+        stats.iteration_tokens = sum(n for _, n in scheduled)
+        for sim, num_new in scheduled:
+            req = sim.request
+            was_prompt = req.num_computed_tokens < req.num_prompt_tokens
+            req.num_computed_tokens += num_new
+            if was_prompt:
+                stats.prompt_tokens += min(num_new, req.num_prompt_tokens)
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            self._emit_token(sim, stats)
+        stats.num_running, stats.num_waiting, stats.kv_cache_usage_perc = (
+            len(self.running), len(self.waiting), self.kv.usage)
+        stats.now = self.now
+        return stats
+
+    def _fits_in_last_block(self, req: Request) -> bool:
+        """Fast path of ``allocate_slots`` for one decode token: a free slot in the last block and
+        no block becoming full (so nothing to allocate and nothing to cache)."""
+        blocks = self.kv.req_to_blocks.get(req.request_id)
+        if not blocks:
+            return False
+        slots = len(blocks) * self.config.block_size
+        return req.num_computed_tokens + 1 < slots
+
+    def _emit_token(self, sim: SimRequest, stats: StepStats) -> None:
+        if sim.num_output >= sim.max_tokens:
+            return
+        sim.num_output += 1
+        stats.generation_tokens += 1
+        if sim.first_token_at is None:
+            sim.first_token_at = self.now
+            stats.ttft.append(self.now - sim.arrival)
+        elif sim.last_token_at is not None:
+            stats.itl.append(self.now - sim.last_token_at)
+        sim.last_token_at = self.now
+        if sim.on_token is not None:
+            sim.on_token(sim)
+        if sim.num_output >= sim.max_tokens:
+            sim.finished_reason = "length"
+            self.kv.free(sim.request)
+            self.running.remove(sim)
+            stats.finished.append(sim)
+        else:
+            sim.request.token_ids.append(10_000 + self._rng.randrange(50_000))
+
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def advance_idle(self, until: float) -> None:
+        """Nothing to run: the clock jumps (to the next arrival)."""
+        self.now = max(self.now, until)
+
+    def reconfigure(self, config: EngineConfig) -> None:
+        """A new scenario: a fresh engine state with the new settings (in-flight requests dropped)."""
+        for sim in [*self.running, *self.waiting]:
+            sim.finished_reason = "abort"
+            if sim.on_token is not None:
+                sim.on_token(sim)
+        now = self.now
+        self.__init__(replace(config), seed=self._rng.randrange(1 << 30))  # type: ignore[misc]
+        self.now = now

@@ -1,0 +1,115 @@
+"""Workloads and scenarios for the simulated engine: each shows one symptom on demand."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+from diagnostics.core.sim_engine import GPU_SPECS, EngineConfig, SimEngine
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """An arrival process with prompt and output length distributions (uniform ± spread)."""
+
+    arrival: str = "poisson"  # poisson | steady | bursts
+    rate_per_s: float = 4.0
+    burst_size: int = 0
+    burst_every_s: float = 10.0
+    prompt_tokens: int = 500
+    output_tokens: int = 200
+    spread: float = 0.3
+    n: int = 1
+    shared_prefix_tokens: int = 0  # a system prompt every request starts with
+    long_prompt_every_s: float = 0.0  # head-of-line: one long prompt every so often
+    long_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    title: str
+    symptom: str
+    knob: str  # the finding id the Diagnose page should show
+    config: EngineConfig
+    workload: Workload
+    stall: bool = False
+    itl_budget_ms: float | None = None
+
+
+BASE = EngineConfig()
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("healthy", "Healthy", "steady traffic well inside capacity", "",
+             BASE, Workload(rate_per_s=4.0, shared_prefix_tokens=256)),
+    Scenario("queue_at_cap", "Queue at the concurrency cap", "running pinned at --max-num-seqs 8, KV mostly empty",
+             "queue_at_cap", replace(BASE, max_num_seqs=8), Workload(rate_per_s=12.0, output_tokens=150)),
+    Scenario("kv_pressure", "KV pressure with preemption", "KV cache full, requests preempted and recomputed",
+             "kv_pressure", replace(BASE, num_gpu_blocks=700),
+             Workload(rate_per_s=6.0, prompt_tokens=1200, output_tokens=600)),
+    Scenario("head_of_line", "Head-of-line blocking", "8k-token prompts stall every decoding sequence",
+             "head_of_line_blocking", replace(BASE, max_num_batched_tokens=16384, gpu=GPU_SPECS["L4-24GB"],
+                                              num_gpu_blocks=6000),
+             Workload(rate_per_s=3.0, prompt_tokens=100, output_tokens=400, long_prompt_every_s=3.0,
+                      long_prompt_tokens=8000)),
+    Scenario("parallel_no_prefix", "Parallel sampling without prefix caching", "n=8 samples, 8 copies of each prompt",
+             "sharing_disabled", replace(BASE, enable_prefix_caching=False),
+             Workload(rate_per_s=1.0, prompt_tokens=300, output_tokens=200, n=8)),
+    Scenario("parallel_sampling", "Parallel sampling with prefix caching", "n=8 samples sharing prompt blocks",
+             "", BASE, Workload(rate_per_s=1.0, prompt_tokens=300, output_tokens=200, n=8)),
+    Scenario("slow_decode", "Slow decode from an over-large batch", "512 sequences per step on an L4: ITL over budget",
+             "slow_decode", replace(BASE, gpu=GPU_SPECS["L4-24GB"], max_num_seqs=512, num_gpu_blocks=30000),
+             Workload(rate_per_s=8.0, prompt_tokens=32, output_tokens=250), itl_budget_ms=50.0),
+    Scenario("stall", "Silent stall", "the engine stops producing tokens while /metrics still answers",
+             "silent_stall", BASE, Workload(rate_per_s=4.0), stall=True),
+)}
+
+
+class WorkloadGenerator:
+    """Arrival times and prompts for a workload (deterministic for a seed)."""
+
+    def __init__(self, workload: Workload, start: float = 0.0, seed: int = 0) -> None:
+        self.workload = workload
+        self._rng = random.Random(seed)
+        self._next = start
+        self._next_long = start + workload.long_prompt_every_s if workload.long_prompt_every_s else None
+        self._next_burst = start
+        self._prefix = [self._rng.randrange(10, 30000) for _ in range(workload.shared_prefix_tokens)]
+
+    def _length(self, mean: int) -> int:
+        spread = self.workload.spread
+        return max(1, int(mean * self._rng.uniform(1 - spread, 1 + spread)))
+
+    def _prompt(self, tokens: int) -> list[int]:
+        body = [self._rng.randrange(10, 30000) for _ in range(max(1, tokens - len(self._prefix)))]
+        return self._prefix + body
+
+    def due(self, now: float) -> list[tuple[list[int], int, int]]:
+        """``(prompt, max_tokens, n)`` of every request that arrived by ``now``."""
+        w = self.workload
+        out = []
+        if w.rate_per_s > 0:
+            while self._next <= now:
+                out.append((self._prompt(self._length(w.prompt_tokens)), self._length(w.output_tokens), w.n))
+                gap = 1 / w.rate_per_s if w.arrival == "steady" else self._rng.expovariate(w.rate_per_s)
+                self._next += gap
+        if w.burst_size and self._next_burst <= now:
+            for _ in range(w.burst_size):
+                out.append((self._prompt(self._length(w.prompt_tokens)), self._length(w.output_tokens), w.n))
+            self._next_burst += w.burst_every_s
+        if self._next_long is not None and self._next_long <= now:
+            out.append((self._prompt(w.long_prompt_tokens), 4, 1))
+            self._next_long += w.long_prompt_every_s
+        return out
+
+    def next_arrival(self) -> float:
+        times = [self._next if self.workload.rate_per_s > 0 else float("inf")]
+        if self.workload.burst_size:
+            times.append(self._next_burst)
+        if self._next_long is not None:
+            times.append(self._next_long)
+        return min(times)
+
+
+def make_engine(scenario: Scenario, seed: int = 0) -> tuple[SimEngine, WorkloadGenerator]:
+    engine = SimEngine(scenario.config, seed)
+    return engine, WorkloadGenerator(scenario.workload, engine.now, seed)

@@ -1,0 +1,138 @@
+"""The simulated engine's /metrics, produced with prometheus_client exactly as vLLM 0.32 names,
+types, labels and buckets them (``vllm/v1/metrics/loggers.py``, ``buckets.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from diagnostics.core.sim_engine import EngineConfig, StepStats
+
+REQUEST_LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0)
+TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+        160.0, 640.0, 2560.0)
+ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+ITERATION = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N = (1, 2, 5, 10, 20)
+
+
+def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
+    """``build_1_2_5_buckets(max_model_len)``."""
+    out: list[float] = []
+    mantissa, exponent = (1, 2, 5), 0
+    while True:
+        for m in mantissa:
+            value = m * 10**exponent
+            if value > max_model_len:
+                return tuple(out)
+            out.append(value)
+        exponent += 1
+
+
+class SimMetrics:
+    def __init__(self, config: EngineConfig, num_gpu_blocks: int) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name", "engine"]
+        self._labels = {"model_name": config.served_model_name, "engine": "0"}
+        r = self.registry
+
+        def gauge(name: str, doc: str, extra: list[str] | None = None) -> Gauge:
+            return Gauge(name, doc, labels + (extra or []), registry=r)
+
+        def counter(name: str, doc: str, extra: list[str] | None = None) -> Counter:
+            return Counter(name, doc, labels + (extra or []), registry=r)
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.waiting_by_reason = gauge("vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason.",
+                                       ["reason"])
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        self.hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.success = counter("vllm:request_success", "Count of successfully processed requests.", ["finished_reason"])
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                        REQUEST_LATENCY)
+        self.queue = hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                          REQUEST_LATENCY)
+        self.prefill = hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+                            REQUEST_LATENCY)
+        self.decode = hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+                           REQUEST_LATENCY)
+        tokens_buckets = request_tokens_buckets(config.max_model_len)
+        self.req_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens_buckets)
+        self.req_gen = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens_buckets)
+        self.params_n = hist("vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N)
+        self.iteration = hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                              ITERATION)
+        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", [
+            "block_size", "cache_dtype", "enable_prefix_caching", "engine", "gpu_memory_utilization",
+            "num_gpu_blocks", "num_gpu_blocks_override", "kv_cache_size_tokens", "kv_cache_memory_bytes"],
+            registry=r)
+        info.labels(block_size=str(config.block_size), cache_dtype="auto" if config.kv_dtype_bytes == 2 else "fp8",
+                    enable_prefix_caching=str(config.enable_prefix_caching), engine="0",
+                    gpu_memory_utilization=str(config.gpu_memory_utilization), num_gpu_blocks=str(num_gpu_blocks),
+                    num_gpu_blocks_override=str(config.num_gpu_blocks) if config.num_gpu_blocks else "None",
+                    kv_cache_size_tokens=str(num_gpu_blocks * config.block_size),
+                    kv_cache_memory_bytes="None").set(1)
+        for reason in ("stop", "length", "abort", "error", "repetition"):
+            self.success.labels(**self._labels, finished_reason=reason)
+        for reason in ("capacity", "deferred"):
+            self.waiting_by_reason.labels(**self._labels, reason=reason)
+        lab = self._labels
+        self._children: dict[str, Any] = {
+            "running": self.running.labels(**lab), "waiting": self.waiting.labels(**lab),
+            "waiting_capacity": self.waiting_by_reason.labels(**lab, reason="capacity"),
+            "kv": self.kv_usage.labels(**lab), "queries": self.queries.labels(**lab), "hits": self.hits.labels(**lab),
+            "preemptions": self.preemptions.labels(**lab), "prompt": self.prompt_tokens.labels(**lab),
+            "generation": self.generation_tokens.labels(**lab), "iteration": self.iteration.labels(**lab),
+            "ttft": self.ttft.labels(**lab), "itl": self.itl.labels(**lab),
+        }
+
+    def update(self, stats: StepStats) -> None:
+        lab = self._labels
+        c = self._children
+        c["running"].set(stats.num_running)
+        c["waiting"].set(stats.num_waiting)
+        c["waiting_capacity"].set(stats.num_waiting)
+        c["kv"].set(stats.kv_cache_usage_perc)
+        if stats.prefix_queries:
+            c["queries"].inc(stats.prefix_queries)
+            c["hits"].inc(stats.prefix_hits)
+        if stats.num_preemptions:
+            c["preemptions"].inc(stats.num_preemptions)
+        if stats.prompt_tokens:
+            c["prompt"].inc(stats.prompt_tokens)
+        if stats.generation_tokens:
+            c["generation"].inc(stats.generation_tokens)
+        if stats.iteration_tokens:
+            c["iteration"].observe(stats.iteration_tokens)
+        for value in stats.ttft:
+            c["ttft"].observe(value)
+        for value in stats.itl:
+            c["itl"].observe(value)
+        for sim in stats.finished:
+            self.success.labels(**lab, finished_reason=sim.finished_reason or "length").inc()
+            end = sim.last_token_at or stats.now
+            self.e2e.labels(**lab).observe(end - sim.arrival)
+            if sim.scheduled_at is not None:
+                self.queue.labels(**lab).observe(sim.scheduled_at - sim.arrival)
+                if sim.first_token_at is not None:
+                    self.prefill.labels(**lab).observe(sim.first_token_at - sim.scheduled_at)
+                    self.decode.labels(**lab).observe(end - sim.first_token_at)
+            self.req_prompt.labels(**lab).observe(sim.request.num_prompt_tokens)
+            self.req_gen.labels(**lab).observe(sim.num_output)
+            if sim.parent is None or sim.request.request_id in (sim.parent, f"{sim.parent}-0"):
+                self.params_n.labels(**lab).observe(sim.n)
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode("utf-8")
