@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, parse_snapshot
+from diagnostics.core.catalog import COUNTERS, GAUGES, parse_snapshot
 from diagnostics.core.derive import Scrape
 from diagnostics.core.rules import Budgets, diagnose
 from diagnostics.core.sim_engine import EngineConfig, SimEngine

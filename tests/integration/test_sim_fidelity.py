@@ -1,0 +1,86 @@
+"""Fidelity of the simulated engine against the real vllm serve: same model shape, block size,
+block budget and workload. Prefix-cache hit tokens must be equal; the KV-usage trajectory and
+the preemption onset under a burst must be close (the tolerances reached are in the asserts)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from diagnostics.collector import Collector
+from diagnostics.core.capacity import ModelShape
+from diagnostics.core.sim_engine import GPU_SPECS, EngineConfig, SimEngine
+from diagnostics.sources.vllm_http import VllmClient
+from tests.integration import load
+from tests.integration.test_paged_real import run as real_request
+from tests.integration.vllm_server import VllmServer
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = ModelShape.from_config(json.loads((ROOT / "tests/fixtures/tiny-config.json").read_text()), num_params=4.2e6)
+TINY = EngineConfig(model=SHAPE, gpu=GPU_SPECS["CPU-2core"], block_size=128, num_gpu_blocks=12, max_model_len=1024,
+                    max_num_seqs=128, max_num_batched_tokens=2048, served_model_name="tiny")
+
+
+def sim_request(engine: SimEngine, prompt: list[int], max_tokens: int = 1) -> int:
+    before = engine.kv.prefix_cache_stats.hits
+    engine.add_request(prompt, max_tokens)
+    while not engine.idle():
+        engine.step()
+    return engine.kv.prefix_cache_stats.hits - before
+
+
+def test_prefix_hits_equal_the_real_servers(vllm_tiny: VllmServer) -> None:
+    rng = random.Random()
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randint(10, 2000) for _ in range(n)]
+
+    p1, p3 = fresh(300), fresh(700)
+    workload = [p1, p1, p1[:256] + fresh(100), p3, p1, p3[:640] + fresh(10), fresh(900), p3]
+    engine = SimEngine(TINY)
+    simulated = [sim_request(engine, p) for p in workload]
+    real = [real_request(vllm_tiny.url, p) for p in workload]
+    assert simulated == real
+
+
+def test_burst_kv_trajectory_and_preemption_onset_are_close(vllm_tiny: VllmServer) -> None:
+    prompt = [rng_id for rng_id in range(11, 21)]
+    collector = Collector(VllmClient(vllm_tiny.url), interval_seconds=0.25).start()
+    time.sleep(0.6)
+    t0 = time.time()
+    load.completions(vllm_tiny.url, 30, prompt=prompt, max_tokens=200)
+    time.sleep(0.5)
+    collector.stop()
+    real = [(s.ts - t0, s.snapshot) for s in collector.history() if s.snapshot is not None and s.ts >= t0 - 0.3]
+    base_pre = real[0][1].value("num_preemptions") or 0
+    real_onset = next(t for t, s in real if (s.value("num_preemptions") or 0) > base_pre)
+    real_full = next(t for t, s in real if (s.value("kv_cache_usage_perc") or 0) >= 0.99)
+    real_pre = (real[-1][1].value("num_preemptions") or 0) - base_pre
+    real_duration = next(t for t, s in real if (s.value("num_requests_running") or 0) == 0 and t > real_full)
+
+    engine = SimEngine(TINY)
+    for _ in range(30):
+        engine.add_request(list(prompt), 200)
+    sim_pre = 0
+    sim_onset = sim_full = None
+    while not engine.idle():
+        stats = engine.step()
+        sim_pre += stats.num_preemptions
+        if stats.num_preemptions and sim_onset is None:
+            sim_onset = engine.now
+        if stats.kv_cache_usage_perc >= 0.99 and sim_full is None:
+            sim_full = engine.now
+    sim_duration = engine.now
+    print(f"fidelity: KV full at real {real_full:.2f} s / sim {sim_full:.2f} s; first preemption real "
+          f"{real_onset:.2f} s / sim {sim_onset:.2f} s; preemptions real {real_pre:.0f} / sim {sim_pre}; "
+          f"burst done real {real_duration:.2f} s / sim {sim_duration:.2f} s")
+    assert sim_full is not None and sim_onset is not None
+    assert abs(sim_full - real_full) <= 1.0
+    assert abs(sim_onset - real_onset) <= 1.0
+    assert real_pre > 0 and sim_pre > 0 and 0.25 <= sim_pre / real_pre <= 4
+    assert 0.33 <= sim_duration / real_duration <= 3
