@@ -37,7 +37,9 @@ def condition_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
     servers = {
         "cap4": VllmServer(tiny_model, work / "cap4", ("--max-num-seqs", "4")).start(),
         "noprefix": VllmServer(tiny_model, work / "noprefix", ("--no-enable-prefix-caching",)).start(),
-        "small": VllmServer(small, work / "small").start(),
+        # 6 layers × 4 KV heads × 64 × 2 × 2 bytes = 6 KiB per token: 256 MiB hold ~43k tokens, so
+        # the decoders never run out of blocks (preemption would mask the head-of-line symptom).
+        "small": VllmServer(small, work / "small", ("--kv-cache-memory-bytes", str(256 * 2**20))).start(),
     }
     with all_ready(servers):
         yield servers
