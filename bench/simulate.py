@@ -29,14 +29,15 @@ def main() -> None:
     metrics = SimMetrics(config, engine.num_gpu_blocks)
 
     def new_request() -> None:
-        engine.add_request([rng.randrange(10, 30000) for _ in range(rng.randint(300, 700))], rng.randint(100, 300))
+        base = rng.randrange(1 << 40)  # distinct prompts: no prefix shared across requests
+        engine.add_request(list(range(base, base + rng.randint(300, 700))), rng.randint(100, 300))
 
     for _ in range(args.concurrency):
         new_request()
     steps = tokens = 0
     start = time.perf_counter()
     while engine.now < args.seconds:
-        stats = engine.step()
+        stats = engine.fast_forward(args.seconds) or engine.step()
         metrics.update(stats)
         steps += 1
         tokens += stats.generation_tokens

@@ -213,6 +213,7 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
+        self.req_to_block_hashes: dict[str, list[int]] = {}  # vLLM keeps these on the Request
         self.prefix_cache_stats = PrefixCacheStats()
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
@@ -220,7 +221,7 @@ class KVCacheManager:
         prompt token is always recomputed, so a fully cached prompt hits one token short."""
         if not self.enable_caching:
             return [], 0
-        hashes = block_hashes(request.token_ids, self.block_size)
+        hashes = self._hashes(request, request.num_tokens // self.block_size)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         computed: list[KVCacheBlock] = []
         for block_hash in hashes[:max_hit_blocks]:
@@ -255,17 +256,25 @@ class KVCacheManager:
             num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
             cached = self.num_cached_block.get(request.request_id, 0)
             if num_full > cached:
-                self.block_pool.cache_full_blocks(
-                    blocks, block_hashes(request.token_ids[: num_full * self.block_size], self.block_size),
-                    cached, num_full)
+                self.block_pool.cache_full_blocks(blocks, self._hashes(request, num_full), cached, num_full)
                 self.num_cached_block[request.request_id] = num_full
         return new_blocks
+
+    def _hashes(self, request: Request, num_full_blocks: int) -> list[int]:
+        """The request's chained block hashes, extended incrementally as its blocks fill."""
+        hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
+        bs = self.block_size
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, request.token_ids[i * bs:(i + 1) * bs]))
+        return hashes
 
     def free(self, request: Request) -> None:
         """``free``: release a request's blocks, tail first (so its last blocks are evicted first)."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.block_pool.free_blocks(reversed(blocks))
         self.num_cached_block.pop(request.request_id, None)
+        self.req_to_block_hashes.pop(request.request_id, None)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table: logical block i lives in physical block ``ids[i]``."""

@@ -104,6 +104,8 @@ class StepStats:
     iteration_tokens: int = 0
     ttft: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
+    itl_weighted: list[tuple[float, int]] = field(default_factory=list)  # (value, how many observations)
+    iteration_tokens_steps: int = 1  # how many identical steps ``iteration_tokens`` stands for
     finished: list[SimRequest] = field(default_factory=list)
 
 
@@ -120,6 +122,7 @@ class SimEngine:
         self.stalled = False
         self._ids = 0
         self._rng = random.Random(seed)
+        self._next_token = 100_000
         per_token = kv_bytes_per_token(config.model, config.kv_dtype_bytes, config.tensor_parallel_size)
         self._kv_bytes_per_token = per_token
         self._weight_bytes = weight_bytes(config.model, config.weight_dtype_bytes, config.tensor_parallel_size)
@@ -261,7 +264,79 @@ class SimEngine:
             self.running.remove(sim)
             stats.finished.append(sim)
         else:
-            sim.request.token_ids.append(10_000 + self._rng.randrange(50_000))
+            # Output tokens: unique ids (random weights' outputs never repeat a cached block either).
+            sim.request.token_ids.append(self._next_token)
+            self._next_token += 1
+
+    def fast_forward(self, horizon: float, max_steps: int = 512) -> StepStats | None:
+        """Several pure-decode steps at once, when nothing can change the batch in between: every
+        running request is decoding, nobody can be admitted (no waiting request, or running at
+        max_num_seqs), and the blocks for all k tokens are free now. k stops at the first request
+        to finish and before ``horizon``. Returns None when a regular :meth:`step` is needed.
+
+        Equivalent to k calls of :meth:`step` (same tokens, blocks, times and observations)."""
+        cfg = self.config
+        if self.stalled or not self.running or (self.waiting and len(self.running) < cfg.max_num_seqs):
+            return None
+        batch = len(self.running)
+        if batch > cfg.max_num_batched_tokens:
+            return None
+        context = 0
+        for sim in self.running:
+            req = sim.request
+            if sim.first_token_at is None or req.num_tokens - req.num_computed_tokens != 1:
+                return None
+            context += req.num_computed_tokens
+        k = min(max_steps, min(sim.max_tokens - sim.num_output for sim in self.running))
+        if k < 2:
+            return None
+        bs = cfg.block_size
+        needed = sum(max(0, -(-(sim.request.num_computed_tokens + k) // bs) - len(self.kv.req_to_blocks[sim.request.request_id]))
+                     for sim in self.running)
+        if needed > self.kv.block_pool.get_num_free_blocks():
+            return None
+        compute = 2 * cfg.model.num_params / max(1, cfg.tensor_parallel_size) * batch / (cfg.gpu.flops * COMPUTE_EFFICIENCY)
+        times: list[float] = []
+        t = self.now
+        for i in range(k):
+            memory = (self._weight_bytes + (context + i * batch) * self._kv_bytes_per_token) / cfg.gpu.bandwidth_bytes_per_s
+            step = max(memory, compute) + cfg.gpu.step_overhead_s
+            if t + step > horizon and i > 0:
+                break
+            t += step
+            times.append(step)
+        k = len(times)
+        if k < 2:
+            return None
+        stats = StepStats(self.now, batch, len(self.waiting), self.kv.usage)
+        for sim in list(self.running):
+            req = sim.request
+            if req.num_computed_tokens + k > len(self.kv.req_to_blocks[req.request_id]) * bs:
+                self.kv.allocate_slots(req, k)
+            req.num_computed_tokens += k
+            sim.num_output += k
+            req.token_ids.extend(range(self._next_token, self._next_token + k - 1))
+            self._next_token += k - 1
+            sim.last_token_at = t
+            if sim.on_token is not None:
+                sim.on_token(sim)
+            if sim.num_output >= sim.max_tokens:
+                sim.finished_reason = "length"
+                self.kv.free(req)
+                self.running.remove(sim)
+                stats.finished.append(sim)
+            else:
+                req.token_ids.append(self._next_token)
+                self._next_token += 1
+        self.now = t
+        stats.generation_tokens = k * batch
+        stats.iteration_tokens = batch
+        stats.iteration_tokens_steps = k
+        stats.itl_weighted = [(step, batch) for step in times]
+        stats.now = self.now
+        stats.num_running, stats.num_waiting, stats.kv_cache_usage_perc = (
+            len(self.running), len(self.waiting), self.kv.usage)
+        return stats
 
     def idle(self) -> bool:
         return not self.running and not self.waiting

@@ -80,8 +80,9 @@ class WorkloadGenerator:
         return max(1, int(mean * self._rng.uniform(1 - spread, 1 + spread)))
 
     def _prompt(self, tokens: int) -> list[int]:
-        body = [self._rng.randrange(10, 30000) for _ in range(max(1, tokens - len(self._prefix)))]
-        return self._prefix + body
+        # A distinct body per request (its content only matters to prefix hashing).
+        base = self._rng.randrange(1 << 40)
+        return self._prefix + list(range(base, base + max(1, tokens - len(self._prefix))))
 
     def due(self, now: float) -> list[tuple[list[int], int, int]]:
         """``(prompt, max_tokens, n)`` of every request that arrived by ``now``."""

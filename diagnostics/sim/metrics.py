@@ -3,6 +3,7 @@ types, labels and buckets them (``vllm/v1/metrics/loggers.py``, ``buckets.py``).
 
 from __future__ import annotations
 
+from collections import Counter as CountOf
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -29,6 +30,21 @@ def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
                 return tuple(out)
             out.append(value)
         exponent += 1
+
+
+def _observe_many(child: Any, value: float, count: int) -> None:
+    """``count`` identical observations at once (the fast-forwarded decode steps): the same bucket
+    and sum updates as ``count`` calls of ``observe``, through prometheus_client's histogram child."""
+    buckets, bounds, total = (getattr(child, name, None) for name in ("_buckets", "_upper_bounds", "_sum"))
+    if buckets is None or bounds is None or total is None:
+        for _ in range(count):
+            child.observe(value)
+        return
+    total.inc(value * count)
+    for i, bound in enumerate(bounds):
+        if value <= bound:
+            buckets[i].inc(count)
+            break
 
 
 class SimMetrics:
@@ -115,11 +131,13 @@ class SimMetrics:
         if stats.generation_tokens:
             c["generation"].inc(stats.generation_tokens)
         if stats.iteration_tokens:
-            c["iteration"].observe(stats.iteration_tokens)
+            _observe_many(c["iteration"], stats.iteration_tokens, stats.iteration_tokens_steps)
         for value in stats.ttft:
             c["ttft"].observe(value)
-        for value in stats.itl:
-            c["itl"].observe(value)
+        for value, count in CountOf(stats.itl).items():
+            _observe_many(c["itl"], value, count)
+        for value, count in stats.itl_weighted:
+            _observe_many(c["itl"], value, count)
         for sim in stats.finished:
             self.success.labels(**lab, finished_reason=sim.finished_reason or "length").inc()
             end = sim.last_token_at or stats.now
