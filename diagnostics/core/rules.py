@@ -467,12 +467,13 @@ def rule_head_of_line(history: Sequence[Scrape], settings: Settings, t: Threshol
     if len(p50s) < 3:
         return []
     baseline = statistics.median(p50s)
-    # A stalled step's ITL is observed when the next token arrives, which can fall in the next
-    # scrape interval: a prefill counts for its own interval and the one after it.
+    # The frontend updates the token counters and the ITL histogram asynchronously, so a prefill and
+    # the ITL spike it causes can land in neighbouring scrape intervals: a prefill counts for its
+    # own interval and the ones on either side.
     spikes = []
-    for i, (ts, _, p90, tokens) in enumerate(intervals):
+    for i, (ts, _, p90, _) in enumerate(intervals):
         if p90 is not None and p90 > t.hol_spike_factor * baseline and p90 - baseline > t.hol_spike_min_seconds:
-            prefilled = max(tokens, intervals[i - 1][3] if i > 0 else 0.0)
+            prefilled = max(intervals[j][3] for j in range(max(0, i - 1), min(len(intervals), i + 2)))
             spikes.append((ts, p90, prefilled))
     coinciding = [s for s in spikes if s[2] >= t.hol_min_prefill_tokens]
     if len(coinciding) < t.hol_min_spikes or len(coinciding) < t.hol_coincide_fraction * len(spikes):

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from tests.e2e.streamlit_app import streamlit_app
 from tests.integration import load
-from tests.integration.vllm_server import VllmServer, free_port
+from tests.integration.vllm_server import VllmServer
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,30 +27,10 @@ RECORDING = ROOT / "tests" / "fixtures" / "recording-tiny-burst-0.32.0.jsonl.gz"
 
 @pytest.fixture(scope="module")
 def streamlit_url(vllm_main: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("streamlit") / "streamlit.log", "wb")
     env = {**os.environ, "VLLM_URL": vllm_main.url}
     env.pop("VLLM_API_KEY", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/_stcore/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            raise RuntimeError("streamlit did not start")
+    with streamlit_app(env, tmp_path_factory.mktemp("streamlit") / "streamlit.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture(scope="module")

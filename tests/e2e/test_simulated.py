@@ -4,18 +4,14 @@ engine; picking a scenario shows its symptom within a minute and the Diagnose pa
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, expect
 
+from tests.e2e.streamlit_app import streamlit_app
 from tests.e2e.test_browser import ARTIFACTS, browser  # noqa: F401 - the shared Chromium fixture
-from tests.integration.vllm_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,26 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def bare_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The app as a new user starts it: no VLLM_URL, no secrets."""
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_URL", "VLLM_API_KEY")}
-    log = open(tmp_path_factory.mktemp("bare") / "streamlit.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                if httpx.get(url + "/_stcore/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+    with streamlit_app(env, tmp_path_factory.mktemp("bare") / "streamlit.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_no_url_shows_the_simulation_and_a_scenario_symptom_then_its_knob(browser: Browser, bare_app: str) -> None:  # noqa: F811

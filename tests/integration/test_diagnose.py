@@ -127,8 +127,8 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
     def mixed() -> None:
         decoders, _ = load.in_background(server.url, 16, max_tokens=900)
         time.sleep(1.5)
-        for _ in range(8):
-            prompt = " ".join(random.choice(WORDS) for _ in range(1800))
+        for _ in range(10):
+            prompt = " ".join(random.choice(WORDS) for _ in range(1900))
             load.in_background(server.url, 1, prompt=prompt, max_tokens=4)
             time.sleep(1.2)
         decoders.join(120)
@@ -189,7 +189,8 @@ def test_diagnose_a_failed_start_log_alone(tmp_path: Path) -> None:
 
 
 def test_diagnose_live_url_with_budgets(vllm_main: VllmServer) -> None:
-    thread, _ = load.in_background(vllm_main.url, 16, max_tokens=400)
+    thread, _ = load.in_background(vllm_main.url, 16, max_tokens=1800)  # outlasts the collection
+    time.sleep(1.0)
     code, findings = diagnose_cli("--url", vllm_main.url, "--seconds", "3", "--interval", "0.5",
                                   "--itl-budget-ms", "0.5")
     thread.join(120)

@@ -1,0 +1,43 @@
+"""Start `streamlit run app.py` on a free loopback port for the browser tests."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import httpx
+
+from tests.integration.vllm_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def streamlit_app(env: Mapping[str, str], log_path: Path) -> Iterator[str]:
+    """The app's base URL once its health endpoint answers; stopped on exit."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+             "--server.address", "127.0.0.1", "--server.headless", "true"],
+            cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(url + "/_stcore/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.3)
+            else:
+                raise RuntimeError(f"streamlit did not start: {log_path.read_text(errors='replace')[-2000:]}")
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(10)
