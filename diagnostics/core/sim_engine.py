@@ -174,8 +174,9 @@ class SimEngine:
             return stats
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[SimRequest, int]] = []
+        preempted: set[int] = set()
         for sim in list(self.running):
-            if sim not in self.running or budget <= 0:
+            if id(sim) in preempted or budget <= 0:
                 continue
             req = sim.request
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -188,9 +189,10 @@ class SimEngine:
             while self.kv.allocate_slots(req, num_new) is None:
                 victim = self.running[-1]
                 self._preempt(victim, stats)
+                preempted.add(id(victim))
                 if victim is sim:
                     break
-            if sim in self.running:
+            if id(sim) not in preempted:
                 scheduled.append((sim, num_new))
                 budget -= num_new
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
@@ -231,6 +233,8 @@ class SimEngine:
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk that did not reach the end of the prompt
             self._emit_token(sim, stats)
+        if stats.finished:
+            self.running = [sim for sim in self.running if sim.finished_reason is None]
         stats.num_running, stats.num_waiting, stats.kv_cache_usage_perc = (
             len(self.running), len(self.waiting), self.kv.usage)
         stats.now = self.now
@@ -261,8 +265,7 @@ class SimEngine:
         if sim.num_output >= sim.max_tokens:
             sim.finished_reason = "length"
             self.kv.free(sim.request)
-            self.running.remove(sim)
-            stats.finished.append(sim)
+            stats.finished.append(sim)  # leaves self.running at the end of the step
         else:
             # Output tokens: unique ids (random weights' outputs never repeat a cached block either).
             sim.request.token_ids.append(self._next_token)
