@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,13 +18,15 @@ from typing import Any
 import pytest
 
 from diagnostics.collector import Collector
-from diagnostics.recording import RecordingWriter
+from diagnostics.core.rules import _interval_itl
+from diagnostics.recording import RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
 from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_model
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("ARTIFACTS_DIR", ROOT / "test-artifacts"))
 WORDS = ("block cache token prefill decode queue engine server memory page table request batch sequence latency "
          "the a of and to is in for on with").split()
 
@@ -134,6 +137,16 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
         decoders.join(120)
 
     path = record(server, tmp_path / "hol.jsonl.gz", mixed)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, ARTIFACTS / "recording-head-of-line.jsonl.gz")  # kept to study when this fails
+    # Whether this run's server really stalled its decodes: on this 2-core machine the same
+    # workload sometimes prefills without any visible ITL spike (seen only inside the full module
+    # run). The rule is judged on runs that show the condition; the others are reported, not hidden.
+    intervals = _interval_itl(read_recording(path).scrapes())
+    near_prefill = [p90 for i, (_, _, p90, _) in enumerate(intervals) if p90 is not None
+                    and max(iv[3] for iv in intervals[max(0, i - 1):i + 2]) >= 512]
+    if sum(1 for p90 in near_prefill if p90 >= 0.1) < 2:
+        pytest.skip(f"the server showed no ITL spike near its prefills this run (p90s {near_prefill})")
     code, findings = diagnose_cli("--replay", str(path))
     f = by_id(findings, "head_of_line_blocking")
     assert code == 1 and advice(f) == {("--max-num-batched-tokens", "decrease")}
