@@ -6,7 +6,6 @@ Run with ``streamlit run app.py``; the other views are in pages/ and share the s
 import streamlit as st
 
 from diagnostics.core.derive import derive_state
-from diagnostics.errors import DiagnosticsError
 from diagnostics.ui import resources, state, widgets
 
 target = widgets.page("vLLM triage")
@@ -17,12 +16,8 @@ if target is None:
 
 @st.fragment(run_every=state.refresh_seconds())
 def overview() -> None:
-    try:
-        collector = resources.collector(target.url, target.api_key)
-        status, history = collector.status(), collector.history()
-    except DiagnosticsError as exc:
-        st.error(str(exc))
-        return
+    collector = resources.collector(target.url, target.api_key)
+    status, history = collector.status(), collector.history()
     widgets.status_banner(status)
     derived = derive_state(history, state.quantile_window_seconds())
     st.subheader("Server")

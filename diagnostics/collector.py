@@ -133,16 +133,6 @@ class Collector:
     def client_timeout(self) -> float:
         return self.client.timeout_seconds
 
-    def set_interval(self, interval_seconds: float) -> None:
-        """Change the cadence for every reader; the history keeps its retention in seconds."""
-        if interval_seconds < MIN_INTERVAL_SECONDS:
-            raise ValueError(f"interval must be at least {MIN_INTERVAL_SECONDS} s")
-        with self._lock:
-            self.interval_seconds = interval_seconds
-            maxlen = int(self.retention_seconds / interval_seconds) + 1
-            self._history = deque(self._history, maxlen=maxlen)
-            self._gpus = deque(self._gpus, maxlen=maxlen)
-
     def add_sink(self, sink: Sink) -> None:
         """Call ``sink`` with each new record (the recording writer); the next record carries info."""
         with self._lock:
@@ -327,8 +317,8 @@ def shared_collector(
     retention_seconds: float = DEFAULT_RETENTION_SECONDS,
     gpu_reader: GpuReader | None = None,
 ) -> Collector:
-    """The process-wide collector for ``url``, started on first use. Later callers share it (and
-    its interval) whatever they ask for; ``set_interval`` changes it for everyone."""
+    """The process-wide collector for ``url``, started on first use (and again if it was
+    stopped). Later callers share it, and its interval, whatever they ask for."""
     key = _registry_key(url, api_key)
     with _REGISTRY_LOCK:
         collector = _REGISTRY.get(key)

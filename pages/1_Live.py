@@ -5,7 +5,6 @@ import time
 import streamlit as st
 
 from diagnostics.core.derive import derive_state
-from diagnostics.errors import DiagnosticsError
 from diagnostics.recording import encode_recording
 from diagnostics.ui import resources, state, widgets
 
@@ -17,14 +16,8 @@ if target is None:
 
 @st.fragment(run_every=state.refresh_seconds())
 def live() -> None:
-    try:
-        collector = resources.collector(target.url, target.api_key)
-        status = collector.status()
-        history = collector.history()
-        gpus = collector.gpu_history()
-    except DiagnosticsError as exc:
-        st.error(str(exc))
-        return
+    collector = resources.collector(target.url, target.api_key)
+    status, history, gpus = collector.status(), collector.history(), collector.gpu_history()
     widgets.status_banner(status)
     widgets.headline(derive_state(history, state.quantile_window_seconds()), status)
     widgets.panels(

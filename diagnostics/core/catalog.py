@@ -351,8 +351,3 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> Snapshot:
 def parse_snapshot(text: str) -> Snapshot:
     """Prometheus text → :class:`Snapshot` (raises ``BadMetricsPayload`` on malformed lines)."""
     return snapshot_from_samples(parse_vllm_samples(text))
-
-
-def is_vllm(snapshot: Snapshot) -> bool:
-    """Whether the payload had any ``vllm:`` concept the catalog knows."""
-    return bool(snapshot.spellings)

@@ -282,12 +282,17 @@ def derive_state(history: Sequence[Scrape], window_seconds: float = 60.0, end: f
     )
 
 
+def counter_steps(
+    scrapes: Sequence[Scrape], pick: Callable[[Snapshot], float | None]
+) -> list[tuple[float, float, float]]:
+    """``(previous ts, ts, increase)`` between consecutive scrapes that carry the counter; a drop
+    or a changed process start time is a reset (the new value is the increase), never negative."""
+    points = [p for p in _points(scrapes, pick) if not math.isnan(p[1])]
+    return [(t0, t1, v1 if restart or v1 < v0 else v1 - v0)
+            for (t0, v0, _), (t1, v1, restart) in zip(points, points[1:])]
+
+
 def rate_series(history: Sequence[Scrape], concept: str, engine: EngineKey | None = None) -> list[tuple[float, float]]:
-    """Per-interval rate of a counter between consecutive scrapes that carry it (for plotting);
-    a reset contributes the post-reset value, never a negative rate."""
-    points = _points(history, lambda s: s.value(concept, engine))
-    out = []
-    for (t0, v0, _), (t1, v1, restart) in zip(points, points[1:]):
-        if t1 > t0:
-            out.append((t1, (v1 if restart or v1 < v0 else v1 - v0) / (t1 - t0)))
-    return out
+    """Per-interval rate of a counter between consecutive scrapes that carry it (for plotting)."""
+    return [(t1, inc / (t1 - t0)) for t0, t1, inc in counter_steps(history, lambda s: s.value(concept, engine))
+            if t1 > t0]

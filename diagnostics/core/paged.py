@@ -168,16 +168,6 @@ def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
     return hash((parent_hash, tuple(token_ids)))
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """The chained hashes of every *full* block of a token sequence."""
-    out: list[int] = []
-    parent: int | None = None
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start:start + block_size])
-        out.append(parent)
-    return out
-
-
 @dataclass(slots=True)
 class Request:
     """What the manager needs of a request: its id and its tokens (prompt, then outputs)."""

@@ -18,7 +18,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from diagnostics.core.catalog import CacheConfig, Histogram, Snapshot
-from diagnostics.core.derive import Scrape, histogram_delta, histogram_quantile, last_snapshot, restarted
+from diagnostics.core.derive import (
+    Scrape,
+    counter_steps,
+    histogram_delta,
+    histogram_quantile,
+    last_snapshot,
+    restarted,
+)
 from diagnostics.core.info import ServerInfo
 from diagnostics.core.logs import LogFacts, parse_log
 
@@ -172,22 +179,9 @@ def _episodes(points: Sequence[tuple[float, bool]], merge_seconds: float = 0.0) 
 def _increments(
     history: Sequence[Scrape], pick: Callable[[Snapshot], float | None]
 ) -> list[tuple[float, float | None]]:
-    """Per successful scrape: the counter's increase since the previous one (None when unknown)."""
-    out: list[tuple[float, float | None]] = []
-    prev: tuple[Snapshot, float] | None = None
-    for scrape, snap in _ok(history):
-        value = pick(snap)
-        if value is None or math.isnan(value):
-            out.append((scrape.ts, None))
-            continue
-        if prev is None:
-            out.append((scrape.ts, None))
-        else:
-            before_snap, before = prev
-            reset = value < before or restarted(before_snap, snap)
-            out.append((scrape.ts, value if reset else value - before))
-        prev = (snap, value)
-    return out
+    """Per scrape carrying the counter: its increase since the previous one (None for the first)."""
+    steps = counter_steps(history, pick)
+    return ([(steps[0][0], None)] if steps else []) + [(t1, inc) for _, t1, inc in steps]
 
 
 def _span(history: Sequence[Scrape]) -> dict[str, float]:
@@ -613,7 +607,6 @@ def rule_ttft(history: Sequence[Scrape], settings: Settings, budgets: Budgets, t
 
 def rule_sharing(history: Sequence[Scrape], settings: Settings, t: Thresholds) -> list[Finding]:
     """Parallel samples (n > 1) without block sharing: prefix caching off, or on but never hitting."""
-    ok = _ok(history)
     n_hist = histogram_delta(history, "request_params_n")
     if n_hist is None:
         return []
@@ -653,7 +646,6 @@ def rule_sharing(history: Sequence[Scrape], settings: Settings, t: Thresholds) -
             evidence=evidence, checks=checks, time_range=(history[0].ts, history[-1].ts),
             knobs=("sharing-wasted",), chart="prefix_cache_hit_rate",
         )]
-    _ = ok
     return []
 
 

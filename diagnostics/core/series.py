@@ -27,9 +27,6 @@ class Series:
     def __len__(self) -> int:
         return len(self.ts)
 
-    def defined(self) -> list[float]:
-        return [v for v in self.values if v is not None]
-
 
 def _thin(n: int, max_points: int) -> range:
     step = max(1, math.ceil(n / max_points))

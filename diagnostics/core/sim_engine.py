@@ -15,10 +15,9 @@ and launch overhead. No communication cost for TP beyond splitting weights and K
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from diagnostics.core.capacity import MODEL_PRESETS, ModelShape, capacity, kv_bytes_per_token, weight_bytes
 from diagnostics.core.paged import KVCacheManager, Request
@@ -112,7 +111,7 @@ class StepStats:
 class SimEngine:
     """The engine core, advanced one step at a time on a simulated clock."""
 
-    def __init__(self, config: EngineConfig, seed: int = 0) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.num_gpu_blocks = config.resolved_num_gpu_blocks()
         self.kv = KVCacheManager(self.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
@@ -121,7 +120,6 @@ class SimEngine:
         self.running: list[SimRequest] = []
         self.stalled = False
         self._ids = 0
-        self._rng = random.Random(seed)
         self._next_token = 100_000
         per_token = kv_bytes_per_token(config.model, config.kv_dtype_bytes, config.tensor_parallel_size)
         self._kv_bytes_per_token = per_token
@@ -145,10 +143,12 @@ class SimEngine:
 
     # -- cost model ----------------------------------------------------------------------------
 
-    def step_seconds(self, prefill_tokens: int, decode_contexts: list[int]) -> float:
+    def step_seconds(self, prefill_tokens: int, num_seqs: int, context_tokens: int) -> float:
+        """One step: ``num_seqs`` scheduled sequences holding ``context_tokens`` of KV between them,
+        ``prefill_tokens`` of which are new prompt tokens."""
         cfg = self.config
-        tokens = prefill_tokens + len(decode_contexts)
-        kv_read = sum(decode_contexts) * self._kv_bytes_per_token
+        tokens = prefill_tokens + num_seqs
+        kv_read = context_tokens * self._kv_bytes_per_token
         memory_time = (self._weight_bytes + kv_read) / cfg.gpu.bandwidth_bytes_per_s
         compute_time = 2 * cfg.model.num_params / max(1, cfg.tensor_parallel_size) * tokens / (
             cfg.gpu.flops * COMPUTE_EFFICIENCY)
@@ -221,8 +221,8 @@ class SimEngine:
                 len(self.running), len(self.waiting), self.kv.usage)
             return stats
         prefill = sum(n for sim, n in scheduled if sim.request.num_computed_tokens < sim.request.num_prompt_tokens)
-        contexts = [sim.request.num_computed_tokens for sim, _ in scheduled]
-        self.now += self.step_seconds(prefill, contexts)
+        context = sum(sim.request.num_computed_tokens for sim, _ in scheduled)
+        self.now += self.step_seconds(prefill, len(scheduled), context)
         stats.iteration_tokens = sum(n for _, n in scheduled)
         for sim, num_new in scheduled:
             req = sim.request
@@ -298,12 +298,10 @@ class SimEngine:
                      for sim in self.running)
         if needed > self.kv.block_pool.get_num_free_blocks():
             return None
-        compute = 2 * cfg.model.num_params / max(1, cfg.tensor_parallel_size) * batch / (cfg.gpu.flops * COMPUTE_EFFICIENCY)
         times: list[float] = []
         t = self.now
         for i in range(k):
-            memory = (self._weight_bytes + (context + i * batch) * self._kv_bytes_per_token) / cfg.gpu.bandwidth_bytes_per_s
-            step = max(memory, compute) + cfg.gpu.step_overhead_s
+            step = self.step_seconds(0, batch, context + i * batch)
             if t + step > horizon and i > 0:
                 break
             t += step
@@ -348,12 +346,12 @@ class SimEngine:
         """Nothing to run: the clock jumps (to the next arrival)."""
         self.now = max(self.now, until)
 
-    def reconfigure(self, config: EngineConfig) -> None:
-        """A new scenario: a fresh engine state with the new settings (in-flight requests dropped)."""
+    def abort_all(self) -> None:
+        """Drop every in-flight request (a scenario switch), telling their waiters."""
         for sim in [*self.running, *self.waiting]:
             sim.finished_reason = "abort"
             if sim.on_token is not None:
                 sim.on_token(sim)
-        now = self.now
-        self.__init__(replace(config), seed=self._rng.randrange(1 << 30))  # type: ignore[misc]
-        self.now = now
+            self.kv.free(sim.request)
+        self.running.clear()
+        self.waiting.clear()

@@ -111,6 +111,8 @@ class WorkloadGenerator:
         return min(times)
 
 
-def make_engine(scenario: Scenario, seed: int = 0) -> tuple[SimEngine, WorkloadGenerator]:
-    engine = SimEngine(scenario.config, seed)
-    return engine, WorkloadGenerator(scenario.workload, engine.now, seed)
+def make_engine(scenario: Scenario, seed: int = 0, now: float = 0.0) -> tuple[SimEngine, WorkloadGenerator]:
+    """A fresh engine for the scenario whose clock (and workload) start at ``now``."""
+    engine = SimEngine(scenario.config)
+    engine.now = now
+    return engine, WorkloadGenerator(scenario.workload, now, seed)

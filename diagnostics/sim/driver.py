@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from diagnostics.core.sim_engine import SimEngine, SimRequest
-from diagnostics.core.sim_scenarios import SCENARIOS, Scenario, WorkloadGenerator, make_engine
+from diagnostics.core.sim_scenarios import SCENARIOS, Scenario, make_engine
 from diagnostics.sim.metrics import SimMetrics
 
 STALL_AFTER_SECONDS = 20.0
@@ -20,7 +20,6 @@ STALL_AFTER_SECONDS = 20.0
 class Simulation:
     def __init__(self, scenario: str = "healthy", seed: int = 0) -> None:
         self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
         self._seed = seed
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -33,16 +32,15 @@ class Simulation:
         if name not in SCENARIOS:
             raise ValueError(f"unknown scenario {name!r}; one of: {', '.join(SCENARIOS)}")
         with self.lock:
-            self.scenario: Scenario = SCENARIOS[name]
-            engine, _ = make_engine(self.scenario, self._seed)
             previous: SimEngine | None = getattr(self, "engine", None)
-            now = previous.now if previous is not None else 0.0
-            engine.now = now
-            self.engine: SimEngine = engine
-            self.generator = WorkloadGenerator(self.scenario.workload, now, self._seed)
-            self.metrics = SimMetrics(self.scenario.config, engine.num_gpu_blocks)
+            now = 0.0
+            if previous is not None:
+                previous.abort_all()  # HTTP requests waiting on the old engine get an answer
+                now = previous.now
+            self.scenario: Scenario = SCENARIOS[name]
+            self.engine, self.generator = make_engine(self.scenario, self._seed, now)
+            self.metrics = SimMetrics(self.scenario.config, self.engine.num_gpu_blocks)
             self.started_at = now
-            self.changed.notify_all()
 
     def metrics_text(self) -> str:
         with self.lock:
@@ -74,7 +72,6 @@ class Simulation:
                 horizon = min(target, self.generator.next_arrival())
                 stats = engine.fast_forward(horizon) or engine.step()
                 self.metrics.update(stats)
-            self.changed.notify_all()
 
     def run_for(self, seconds: float, scrape_every: float = 1.0) -> list[tuple[float, str]]:
         """Run ``seconds`` of simulated time as fast as possible; the /metrics text every interval."""

@@ -1,7 +1,7 @@
 """GPU memory through NVML (nvidia-ml-py), when the dashboard runs on the GPU host.
 
 NVML absence is a state, not a crash: :func:`read_gpus` raises :class:`NvmlUnavailable` with the
-reason, and :func:`gpu_reader` returns None on a machine with no NVIDIA driver. ``pynvml`` is
+reason, and :func:`probe` says why on a machine with no NVIDIA driver. ``pynvml`` is
 imported lazily so that importing this module never touches the driver.
 """
 
@@ -58,19 +58,11 @@ def read_gpus() -> list[dict[str, Any]]:
         raise NvmlUnavailable(f"NVML query failed ({exc})") from None
 
 
-def gpu_reader() -> Callable[[], list[dict[str, Any]] | None] | None:
-    """A reader for the collector, or None when this host has no usable NVML."""
-    try:
-        read_gpus()
-    except NvmlUnavailable:
-        return None
-    return read_gpus
-
-
-def nvml_status() -> str | None:
-    """None when NVML works; otherwise why it does not (for the page's one clear note)."""
+def probe() -> tuple[Callable[[], list[dict[str, Any]] | None] | None, str | None]:
+    """One NVML read: ``(reader for the collector, None)`` when it works, ``(None, why not)``
+    on a host with no usable NVIDIA driver."""
     try:
         read_gpus()
     except NvmlUnavailable as exc:
-        return str(exc)
-    return None
+        return None, str(exc)
+    return read_gpus, None

@@ -1,8 +1,7 @@
 """The data-access seam: the only place pages get collectors and parsed recordings from.
 
-``st.cache_resource`` keeps one collector per target per process, so ten browser tabs share one
-scrape per interval. The API key is passed unhashed (leading underscore) and identified by a
-digest, so it never becomes part of a cache key anyone can read.
+Collectors come from :func:`diagnostics.collector.shared_collector`, the process-wide registry
+(one per target, restarted if stopped), so ten browser tabs share one scrape per interval.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from diagnostics.core.derive import Scrape
 from diagnostics.core.targets import TargetsConfig, targets_from
 from diagnostics.recording import Recording, read_recording
 from diagnostics.sim.server import SimServer
-from diagnostics.sources.nvml import gpu_reader, nvml_status
+from diagnostics.sources import nvml
 
 
 @st.cache_resource(show_spinner=False)
@@ -30,7 +29,7 @@ def simulator() -> SimServer:
 
 @st.cache_resource(show_spinner=False)
 def _nvml_reader() -> tuple[Callable[[], list[dict[str, Any]] | None] | None, str | None]:
-    return gpu_reader(), nvml_status()
+    return nvml.probe()
 
 
 def nvml_note() -> str | None:
@@ -38,19 +37,9 @@ def nvml_note() -> str | None:
     return _nvml_reader()[1]
 
 
-@st.cache_resource(show_spinner=False)
-def _collector(url: str, key_digest: str, _api_key: str | None) -> Collector:
-    return shared_collector(url, _api_key, gpu_reader=_nvml_reader()[0])
-
-
 def collector(url: str, api_key: str | None) -> Collector:
     """The shared collector for a target (started on first use, restarted if it was stopped)."""
-    digest = hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key else ""
-    found = _collector(url, digest, api_key)
-    if not found.running:
-        _collector.clear()
-        found = _collector(url, digest, api_key)
-    return found
+    return shared_collector(url, api_key, gpu_reader=_nvml_reader()[0])
 
 
 def targets_config() -> TargetsConfig:

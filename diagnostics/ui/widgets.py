@@ -19,10 +19,11 @@ from diagnostics.core import figures
 from diagnostics.core.catalog import CacheConfig
 from diagnostics.core.derive import DerivedState, Scrape, last_snapshot, window
 from diagnostics.core.info import ServerInfo, TargetStatus
+from diagnostics.core.sim_scenarios import SCENARIOS
 from diagnostics.core.targets import TargetsConfig
 from diagnostics.core.text import fmt_bytes, fmt_optional, fmt_when, md_escape
 from diagnostics.sources.vllm_http import normalize_url
-from diagnostics.ui import state
+from diagnostics.ui import resources, state
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +63,6 @@ def resolve(config: TargetsConfig) -> Selected | None:
     if choice not in options:
         choice = options[0]
     if choice == state.SIMULATED:
-        from diagnostics.ui import resources
-
         return Selected(resources.simulator().url, "simulated engine", None, simulated=True)
     if choice == state.CUSTOM:
         url = str(state.get(state.CUSTOM_URL) or "")
@@ -135,16 +134,11 @@ def sidebar(config: TargetsConfig) -> Selected | None:
 
 def scenario_title(name: str) -> str:
     """A scenario's display name (module level: widget functions must pickle under AppTest)."""
-    from diagnostics.core.sim_scenarios import SCENARIOS
-
     return SCENARIOS[name].title
 
 
 def scenario_picker(container: Any) -> None:
     """Switch the simulated engine's scenario (it is shared by every viewer of this process)."""
-    from diagnostics.core.sim_scenarios import SCENARIOS
-    from diagnostics.ui import resources
-
     sim = resources.simulator().sim
     names = list(SCENARIOS)
     if st.session_state.get(state.SCENARIO) not in names:
@@ -153,26 +147,29 @@ def scenario_picker(container: Any) -> None:
     def switch() -> None:
         sim.set_scenario(st.session_state[state.SCENARIO])
 
-    container.selectbox("Scenario", names, key=state.SCENARIO, on_change=switch,
-                        format_func=scenario_title,
-                        help="Each scenario shows one symptom within a minute; the Diagnose page names its knob.")
+    container.selectbox(
+        "Scenario",
+        names,
+        key=state.SCENARIO,
+        on_change=switch,
+        format_func=scenario_title,
+        help="Each scenario shows one symptom within a minute; the Diagnose page names its knob.",
+    )
     container.caption(md_escape(SCENARIOS[sim.scenario.name].symptom))
 
 
 def simulation_note(selected: Selected | None) -> None:
     if selected is not None and selected.simulated:
-        from diagnostics.ui import resources
-
         scenario = resources.simulator().sim.scenario
-        st.info(f"**Simulated engine** — not a real server. Scenario: {md_escape(scenario.title)} "
-                f"({md_escape(scenario.symptom)}). Point the sidebar at a real `vllm serve` to triage it.")
+        st.info(
+            f"**Simulated engine** — not a real server. Scenario: {md_escape(scenario.title)} "
+            f"({md_escape(scenario.symptom)}). Point the sidebar at a real `vllm serve` to triage it."
+        )
 
 
 def page(title: str) -> Selected | None:
     """Every page starts here: wide layout, the sidebar, the title; returns the chosen target."""
     st.set_page_config(page_title=f"{title} · vLLM triage", page_icon="🩺", layout="wide")
-    from diagnostics.ui import resources  # the seam; imported here to keep widgets importable alone
-
     selected = sidebar(resources.targets_config())
     st.title(title)
     simulation_note(selected)

@@ -58,3 +58,16 @@ def test_scenarios_switch_at_runtime_and_bad_input_gets_a_clear_answer(server: S
     garbage = httpx.post(server.url + "/v1/completions", content=b"{not json")
     assert garbage.status_code == 400
     assert httpx.get(server.url + "/nope").status_code == 404
+
+
+def test_a_scenario_switch_answers_the_requests_in_flight(server: SimServer) -> None:
+    import threading
+
+    answers: list[dict] = []  # type: ignore[type-arg]
+    thread = threading.Thread(target=lambda: answers.append(httpx.post(
+        server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 8000}, timeout=30).json()))
+    thread.start()
+    time.sleep(0.5)
+    httpx.post(server.url + "/sim/scenario", json={"scenario": "queue_at_cap"})
+    thread.join(10)
+    assert answers and answers[0]["choices"][0]["finish_reason"] == "abort"
