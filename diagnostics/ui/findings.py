@@ -64,7 +64,7 @@ def finding_card(finding: Finding, history: Sequence[Scrape], settings: Settings
             if finding.suggestions:
                 first, *others = finding.suggestions
                 st.markdown(f"**Suggested change** — {md_escape(first.why)}")
-                st.code(diff_text(settings, first), language="diff")
+                st.code(diff_text(settings, first), language="diff", wrap_lines=True)
                 if others:
                     st.markdown(
                         "**Or, instead**\n"

@@ -40,6 +40,7 @@ def test_no_url_shows_the_simulation_and_a_scenario_symptom_then_its_knob(browse
         page.goto(bare_app + "/Diagnose")
         expect(page.get_by_text("KV-cache pressure").first).to_be_visible(timeout=40_000)
         expect(page.get_by_text("kv_pressure", exact=True).first).to_be_visible()
+        page.wait_for_timeout(3000)  # let the charts and tables finish drawing before the screenshot
         page.screenshot(path=str(ARTIFACTS / "simulated-kv-pressure-diagnose.png"), full_page=True)
     finally:
         page.close()
