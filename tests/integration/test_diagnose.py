@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from diagnostics.collector import Collector
+from diagnostics.core.catalog import parse_snapshot
 from diagnostics.core.rules import _interval_itl
 from diagnostics.recording import RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import VllmClient
@@ -202,10 +204,18 @@ def test_diagnose_a_failed_start_log_alone(tmp_path: Path) -> None:
 
 
 def test_diagnose_live_url_with_budgets(vllm_main: VllmServer) -> None:
-    thread, _ = load.in_background(vllm_main.url, 16, max_tokens=1800)  # outlasts the collection
-    time.sleep(1.0)
-    code, findings = diagnose_cli("--url", vllm_main.url, "--seconds", "3", "--interval", "0.5",
+    def generated() -> float:
+        snap = parse_snapshot(httpx.get(vllm_main.url + "/metrics", timeout=5).text)
+        return snap.value("generation_tokens") or 0.0
+
+    before = generated()
+    thread, results = load.in_background(vllm_main.url, 16, max_tokens=1800)  # outlasts the collection
+    deadline = time.monotonic() + 30
+    while generated() <= before and time.monotonic() < deadline:  # decoding has started
+        time.sleep(0.2)
+    code, findings = diagnose_cli("--url", vllm_main.url, "--seconds", "4", "--interval", "0.5",
                                   "--itl-budget-ms", "0.5")
     thread.join(120)
+    assert results == [200] * 16
     f = by_id(findings, "slow_decode")
     assert code == 1 and ("--max-num-seqs", "decrease") in advice(f)
