@@ -16,11 +16,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from diagnostics.collector import Collector
-from diagnostics.core.alerts import alert_rules_yaml
-from diagnostics.core.derive import DerivedState, Scrape, derive_state, last_snapshot
+from diagnostics.core.derive import DerivedState, Scrape, derive_state
+from diagnostics.core.diagnosis import (
+    Budgets,
+    Finding,
+    KnownFlags,
+    Thresholds,
+    command_diff,
+    diagnose,
+    exit_code,
+    prepare,
+)
+from diagnostics.core.diagnosis.alerts import alert_rules_yaml
 from diagnostics.core.info import ServerInfo
-from diagnostics.core.logs import parse_log
-from diagnostics.core.rules import Budgets, Finding, Settings, Thresholds, command_diff, diagnose, exit_code
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV, VllmClient, api_key_from_env
@@ -215,7 +223,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render_findings(findings: list[Finding], settings: Settings) -> str:
+def _render_findings(findings: list[Finding], flags: KnownFlags) -> str:
     if not findings:
         return "No findings: nothing unusual in this window."
     out = []
@@ -230,7 +238,7 @@ def _render_findings(findings: list[Finding], settings: Settings) -> str:
             lead = "change" if i == 0 else "or"
             out.append(f"         {lead:6} {s.flag}{value} ({s.direction}): {s.why}")
             if i == 0:
-                diff = command_diff(settings, [s])
+                diff = command_diff(flags, [s])
                 out.append(f"           - {diff.before}")
                 out.append(f"           + {diff.after}")
         for c in f.checks:
@@ -256,15 +264,13 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         _check_first(client)
         collector = _collect(client, args.seconds, args.interval, None)
         history, info = collector.history(), collector.status().info
-    last = last_snapshot(history)
-    config = last.snapshot.cache_config if last is not None and last.snapshot is not None else None
-    settings = Settings.known(config, info, parse_log(log_text) if log_text else None,
-                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-    findings = diagnose(history, info=info, budgets=budgets, log_text=log_text, settings=settings)
+    ctx = prepare(history, info=info, budgets=budgets, log_text=log_text, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens)
+    findings = diagnose(ctx)
     if args.json:
         print(json.dumps({"findings": [f.to_json() for f in findings]}, indent=1, default=str))
     else:
-        print(_render_findings(findings, settings))
+        print(_render_findings(findings, ctx.flags))
     return exit_code(findings)
 
 

@@ -2,9 +2,8 @@
 
 import streamlit as st
 
-from diagnostics.core.derive import last_snapshot, window
-from diagnostics.core.logs import parse_log
-from diagnostics.core.rules import Budgets, Settings, diagnose, exit_code
+from diagnostics.core.derive import window
+from diagnostics.core.diagnosis import Budgets, diagnose, exit_code, prepare
 from diagnostics.core.text import md_escape
 from diagnostics.errors import BadRecording
 from diagnostics.ui import findings as cards
@@ -39,15 +38,12 @@ elif source == "a recording":
 elif not log_text:
     st.info("Paste a startup log above.")
 
-last = last_snapshot(history)
-config = last.snapshot.cache_config if last is not None and last.snapshot is not None else None
-settings = Settings.known(config, info, parse_log(log_text) if log_text else None, max_num_seqs=state.max_num_seqs())
-found = diagnose(
-    history, info=info, budgets=Budgets(ttft_ms=ttft or None, itl_ms=itl or None), log_text=log_text, settings=settings
-)
+ctx = prepare(history, info=info, budgets=Budgets(ttft_ms=ttft or None, itl_ms=itl or None), log_text=log_text,
+              max_num_seqs=state.max_num_seqs())
+found = diagnose(ctx)
 verdict = {0: ("success", "No warning"), 1: ("warning", "Warnings"), 2: ("error", "Critical")}[exit_code(found)]
 getattr(st, verdict[0])(f"**{verdict[1]}** · {len(found)} findings over {len(history)} scrapes")
 for i, finding in enumerate(found):
-    cards.finding_card(finding, history, settings, key=f"finding-{i}")
+    cards.finding_card(finding, history, ctx.flags, key=f"finding-{i}")
 st.subheader("Knob table")
 cards.knob_table(found, key="knobs")

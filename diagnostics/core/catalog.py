@@ -65,6 +65,11 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "request_params_n": ("vllm:request_params_n",),
 }
 
+# Concepts drawn as Δnumerator / Δdenominator of two counters over a window: derived, never scraped.
+RATIOS: dict[str, tuple[str, str]] = {
+    "prefix_cache_hit_rate": ("prefix_cache_hits", "prefix_cache_queries"),
+}
+
 # Concepts whose server total is a mean across engines rather than a sum.
 MEAN_CONCEPTS = frozenset({"kv_cache_usage_perc", "cpu_cache_usage_perc", "gpu_prefix_cache_hit_rate"})
 

@@ -1,10 +1,11 @@
 """Derived series over a history of scrapes: counter rates with reset detection, windowed hit rate,
 histogram quantiles from bucket deltas, and the current state the CLI and pages show.
 
-Semantics follow Prometheus: ``increase`` treats a drop as a counter reset (the new value is the
-increase since the restart), so a server restart gives neither a negative rate nor a spike;
-``histogram_quantile`` interpolates linearly inside the bucket and answers the highest finite
-bound when the rank falls in the +Inf bucket.
+Semantics follow Prometheus: a drop is a counter reset (the new value is the increase since the
+restart), so a server restart gives neither a negative rate nor a spike; that rule lives in
+:func:`counter_step` and :func:`histogram_step`, and every consumer (rates here, the chart series,
+the diagnosis) calls them. ``histogram_quantile`` interpolates linearly inside the bucket and
+answers the highest finite bound when the rank falls in the +Inf bucket.
 """
 
 from __future__ import annotations
@@ -34,8 +35,34 @@ def window(history: Sequence[Scrape], seconds: float, end: float | None = None) 
     return [s for s in history if start_ts <= s.ts <= end_ts]
 
 
+def counter_step(prev: float, cur: float, restart: bool) -> float:
+    """A counter's increase between two samples: a drop, or a restart of the process in between
+    (``restart``), is a reset, and the increase is then the new value. Never negative."""
+    return cur if restart or cur < prev else cur - prev
+
+
+def histogram_step(prev_snap: Snapshot, prev: Histogram, cur_snap: Snapshot, cur: Histogram) -> Histogram | None:
+    """The observations a histogram gained between two snapshots (buckets, sum and count).
+
+    A drop of the count or of any bucket, or a restart, is a reset: the delta is then the new
+    histogram itself. None when the bucket bounds differ (no delta exists across layouts).
+    """
+    if cur.bounds != prev.bounds:
+        return None
+    if (
+        cur.count < prev.count
+        or any(c < p for c, p in zip(cur.cumulative, prev.cumulative))
+        or restarted(prev_snap, cur_snap)
+    ):
+        return cur
+    return Histogram(
+        cur.bounds, tuple(c - p for c, p in zip(cur.cumulative, prev.cumulative)), cur.sum - prev.sum,
+        cur.count - prev.count,
+    )
+
+
 def increase(values: Sequence[float], restarts: Sequence[bool] | None = None) -> float:
-    """Total increase of a counter sampled in order, a drop counting as a reset to zero.
+    """Total increase of a counter sampled in order (see :func:`counter_step`).
 
     ``restarts[i]`` marks a known restart between sample i-1 and i (the process start time
     changed), which is a reset even when the new value happens to be larger.
@@ -45,8 +72,7 @@ def increase(values: Sequence[float], restarts: Sequence[bool] | None = None) ->
         prev, cur = values[i - 1], values[i]
         if math.isnan(prev) or math.isnan(cur):
             continue
-        reset = cur < prev or (restarts is not None and restarts[i])
-        total += cur if reset else cur - prev
+        total += counter_step(prev, cur, restarts is not None and restarts[i])
     return total
 
 
@@ -122,20 +148,15 @@ def histogram_delta(scrapes: Sequence[Scrape], concept: str, engine: EngineKey |
     acc_sum = 0.0
     acc_count = 0.0
     for (prev_snap, prev), (cur_snap, cur) in zip(found, found[1:]):
-        if cur.bounds != prev.bounds:
+        step = histogram_step(prev_snap, prev, cur_snap, cur)
+        if step is None:
             bounds = cur.bounds
             acc = [0.0] * len(bounds)
             acc_sum = acc_count = 0.0
             continue
-        reset = (
-            cur.count < prev.count
-            or any(c < p for c, p in zip(cur.cumulative, prev.cumulative))
-            or restarted(prev_snap, cur_snap)
-        )
-        for i, (c, p) in enumerate(zip(cur.cumulative, prev.cumulative)):
-            acc[i] += c if reset else c - p
-        acc_sum += cur.sum if reset else cur.sum - prev.sum
-        acc_count += cur.count if reset else cur.count - prev.count
+        acc = [a + d for a, d in zip(acc, step.cumulative)]
+        acc_sum += step.sum
+        acc_count += step.count
     return Histogram(bounds, tuple(acc), acc_sum, acc_count)
 
 
@@ -285,11 +306,10 @@ def derive_state(history: Sequence[Scrape], window_seconds: float = 60.0, end: f
 def counter_steps(
     scrapes: Sequence[Scrape], pick: Callable[[Snapshot], float | None]
 ) -> list[tuple[float, float, float]]:
-    """``(previous ts, ts, increase)`` between consecutive scrapes that carry the counter; a drop
-    or a changed process start time is a reset (the new value is the increase), never negative."""
+    """``(previous ts, ts, increase)`` between consecutive scrapes that carry the counter (see
+    :func:`counter_step`)."""
     points = [p for p in _points(scrapes, pick) if not math.isnan(p[1])]
-    return [(t0, t1, v1 if restart or v1 < v0 else v1 - v0)
-            for (t0, v0, _), (t1, v1, restart) in zip(points, points[1:])]
+    return [(t0, t1, counter_step(v0, v1, restart)) for (t0, v0, _), (t1, v1, restart) in zip(points, points[1:])]
 
 
 def rate_series(history: Sequence[Scrape], concept: str, engine: EngineKey | None = None) -> list[tuple[float, float]]:

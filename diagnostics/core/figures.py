@@ -12,7 +12,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from diagnostics.core.catalog import CacheConfig, Snapshot
+from diagnostics.core.catalog import RATIOS, CacheConfig, Snapshot
 from diagnostics.core.derive import Scrape
 from diagnostics.core.series import (
     Series,
@@ -337,9 +337,9 @@ def finding_figure(
         if chart == "generation_tokens":
             series = rate_series(history, lambda s: s.value("generation_tokens"), window_seconds=1.0)
             y_title, scale, name = "tokens/s", 1.0, "generation"
-        elif chart == "prefix_cache_hit_rate":
-            series = rolling_ratio(history, lambda s: s.value("prefix_cache_hits"),
-                                   lambda s: s.value("prefix_cache_queries"), 30.0)
+        elif chart in RATIOS:
+            numerator, denominator = RATIOS[chart]
+            series = rolling_ratio(history, lambda s: s.value(numerator), lambda s: s.value(denominator), 30.0)
             y_title, scale, name = "% hit (30 s)", 100.0, "hit rate"
         else:
             concept = chart

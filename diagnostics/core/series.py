@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from diagnostics.core.catalog import Histogram, Snapshot
-from diagnostics.core.derive import Scrape, histogram_quantile, restarted
+from diagnostics.core.derive import Scrape, counter_step, histogram_quantile, histogram_step, restarted
 
 DEFAULT_MAX_POINTS = 400
 
@@ -73,10 +73,8 @@ def _increments(
             continue
         if prev_value is None or prev_snap is None:
             inc.append(0.0)
-        elif value < prev_value or restarted(prev_snap, snap):
-            inc.append(value)
         else:
-            inc.append(value - prev_value)
+            inc.append(counter_step(prev_value, value, restarted(prev_snap, snap)))
         carried.append(True)
         prev_value, prev_snap = value, snap
     return ts, inc, carried
@@ -159,20 +157,15 @@ def rolling_quantiles(
     ts = [s.ts for s in history]
     bounds: tuple[float, ...] | None = None
     deltas: list[list[float] | None] = []
-    prev: Histogram | None = None
-    prev_snap: Snapshot | None = None
+    prev: tuple[Snapshot, Histogram] | None = None
     for scrape, hist in zip(history, hists):
-        if hist is None:
+        if hist is None or scrape.snapshot is None:
             deltas.append(None)
             continue
-        if prev is None or prev.bounds != hist.bounds or prev_snap is None:
-            deltas.append([0.0] * len(hist.bounds))
-        elif hist.count < prev.count or restarted(prev_snap, scrape.snapshot):  # type: ignore[arg-type]
-            deltas.append(list(hist.cumulative))
-        else:
-            deltas.append([c - p for c, p in zip(hist.cumulative, prev.cumulative)])
+        step = histogram_step(*prev, scrape.snapshot, hist) if prev is not None else None
+        deltas.append(list(step.cumulative) if step is not None else [0.0] * len(hist.bounds))
         bounds = hist.bounds
-        prev, prev_snap = hist, scrape.snapshot
+        prev = (scrape.snapshot, hist)
     assert bounds is not None
     width = len(bounds)
     out_ts: list[float] = []

@@ -13,8 +13,8 @@ import streamlit as st
 
 from diagnostics.core import figures
 from diagnostics.core.derive import Scrape
-from diagnostics.core.knobs import KNOB_TABLE, KNOBS_BY_ID
-from diagnostics.core.rules import Finding, Settings, Suggestion, command_diff
+from diagnostics.core.diagnosis import Finding, KnownFlags, Suggestion, command_diff
+from diagnostics.core.diagnosis.knobs import KNOB_TABLE, KNOBS_BY_ID
 from diagnostics.core.text import md_escape
 from diagnostics.ui.widgets import chart
 
@@ -41,13 +41,13 @@ def _evidence_rows(evidence: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
-def diff_text(settings: Settings, suggestion: Suggestion) -> str:
+def diff_text(flags: KnownFlags, suggestion: Suggestion) -> str:
     """The `vllm serve` line before and after one change, as a unified-diff snippet."""
-    diff = command_diff(settings, [suggestion])
+    diff = command_diff(flags, [suggestion])
     return f"- {diff.before}\n+ {diff.after}"
 
 
-def finding_card(finding: Finding, history: Sequence[Scrape], settings: Settings, key: str) -> None:
+def finding_card(finding: Finding, history: Sequence[Scrape], flags: KnownFlags, key: str) -> None:
     """One finding: severity, title, evidence (with a small chart), the `vllm serve` change, checks."""
     with st.container(border=True):
         st.markdown(
@@ -64,7 +64,7 @@ def finding_card(finding: Finding, history: Sequence[Scrape], settings: Settings
             if finding.suggestions:
                 first, *others = finding.suggestions
                 st.markdown(f"**Suggested change** — {md_escape(first.why)}")
-                st.code(diff_text(settings, first), language="diff", wrap_lines=True)
+                st.code(diff_text(flags, first), language="diff", wrap_lines=True)
                 if others:
                     st.markdown(
                         "**Or, instead**\n"

@@ -20,7 +20,8 @@ import pytest
 
 from diagnostics.collector import Collector
 from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.rules import _interval_itl
+from diagnostics.core.diagnosis import prepare
+from diagnostics.core.diagnosis.rules import interval_itl
 from diagnostics.recording import RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
@@ -144,7 +145,7 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
     # Whether this run's server really stalled its decodes: on this 2-core machine the same
     # workload sometimes prefills without any visible ITL spike (seen only inside the full module
     # run). The rule is judged on runs that show the condition; the others are reported, not hidden.
-    intervals = _interval_itl(read_recording(path).scrapes())
+    intervals = interval_itl(prepare(read_recording(path).scrapes()))
     near_prefill = [p90 for i, (_, _, p90, _) in enumerate(intervals) if p90 is not None
                     and max(iv[3] for iv in intervals[max(0, i - 1):i + 2]) >= 512]
     if sum(1 for p90 in near_prefill if p90 >= 0.1) < 2:

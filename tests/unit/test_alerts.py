@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from diagnostics.core.alerts import alert_rules, alert_rules_yaml
-from diagnostics.core.rules import Thresholds
+from diagnostics.core.diagnosis import Thresholds
+from diagnostics.core.diagnosis.alerts import alert_rules, alert_rules_yaml
 
 PROMTOOL = shutil.which("promtool")
 

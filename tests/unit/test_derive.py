@@ -13,6 +13,7 @@ from diagnostics.core.derive import (
     derive_state,
     histogram_delta,
     histogram_quantile,
+    histogram_step,
     increase,
     prefix_cache_hit_rate,
     rate_series,
@@ -94,6 +95,20 @@ def test_histogram_reset_counts_the_post_restart_observations() -> None:
     history = [scrape(0, buckets=(50, 60, 60)), scrape(1, buckets=(2, 4, 4), start=2000)]
     delta = histogram_delta(history, "time_to_first_token_seconds")
     assert delta is not None and delta.cumulative == (2, 4, 4)
+
+
+def test_histogram_step_treats_a_drop_in_any_bucket_as_a_reset() -> None:
+    snap = parse_snapshot(payload())
+    a = Histogram((0.1, 1.0, math.inf), (5, 9, 9), 1.0, 9)
+    b = Histogram((0.1, 1.0, math.inf), (3, 10, 10), 2.0, 10)
+    assert histogram_step(snap, a, snap, b) == b
+
+
+def test_histogram_step_has_no_delta_across_bucket_layouts() -> None:
+    a = Histogram((0.1, math.inf), (1, 2), 0.0, 2)
+    b = Histogram((0.5, math.inf), (3, 4), 0.0, 4)
+    snap = parse_snapshot(payload())
+    assert histogram_step(snap, a, snap, b) is None
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.core.logs import parse_log
-from diagnostics.core.rules import diagnose, exit_code
+from diagnostics.core.diagnosis import diagnose, exit_code, prepare
+from diagnostics.core.diagnosis.logs import parse_log
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -22,7 +22,7 @@ def test_real_kv_too_small_for_max_model_len() -> None:
     assert [e.kind for e in facts.errors] == ["kv_too_small"]
     assert facts.errors[0].numbers["max_model_len"] == 2048 and facts.errors[0].numbers["estimated_max_model_len"] == 1408
     assert facts.version == "0.32.0" and facts.non_default_args["num_gpu_blocks_override"] == 12
-    f = diagnose([], log_text=real("log-0.32.0-kv-too-small-for-max-model-len.txt"))[0]
+    f = diagnose(prepare([], log_text=real("log-0.32.0-kv-too-small-for-max-model-len.txt")))[0]
     assert f.severity == "critical" and f.suggestions[0].flag == "--max-model-len"
     assert f.suggestions[0].direction == "decrease" and f.suggestions[0].value == 1408
     assert f.knobs == ("kv-too-small-for-context",)
@@ -30,14 +30,14 @@ def test_real_kv_too_small_for_max_model_len() -> None:
 
 def test_real_cpu_utilization_above_free_memory() -> None:
     text = real("log-0.32.0-cpu-default-utilization-too-high.txt")
-    f = diagnose([], log_text=text)[0]
+    f = diagnose(prepare([], log_text=text))[0]
     assert f.id == "startup_free_memory_low"
     assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--gpu-memory-utilization", "decrease")
     assert 0 < f.suggestions[0].value < 0.92  # type: ignore[operator]
 
 
 def test_real_cpu_utilization_too_low_for_any_kv() -> None:
-    f = diagnose([], log_text=real("log-0.32.0-cpu-utilization-too-low.txt"))[0]
+    f = diagnose(prepare([], log_text=real("log-0.32.0-cpu-utilization-too-low.txt")))[0]
     assert f.id == "startup_no_kv_memory"
     assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--gpu-memory-utilization", "increase")
     assert f.suggestions[0].value > 0.001  # type: ignore[operator]
@@ -69,7 +69,7 @@ def test_vllm_error_strings_of_every_version(line: str, kind: str, flag: str, di
     text = "INFO 11-29 10:00:00 [api_server.py:1] vLLM API server version 0.10.2\n" + line + "\n"
     facts = parse_log(text)
     assert facts.errors[0].kind == kind
-    f = diagnose([], log_text=text)[0]
+    f = diagnose(prepare([], log_text=text))[0]
     assert (f.suggestions[0].flag, f.suggestions[0].direction) == (flag, direction)
     assert exit_code([f]) == 2
 
@@ -77,7 +77,7 @@ def test_vllm_error_strings_of_every_version(line: str, kind: str, flag: str, di
 def test_free_memory_suggests_what_fits() -> None:
     text = ("ValueError: Free memory on device cuda:0 (30.5/79.1 GiB) on startup is less than desired GPU memory "
             "utilization (0.9, 71.2 GiB).")
-    f = diagnose([], log_text=text)[0]
+    f = diagnose(prepare([], log_text=text))[0]
     assert f.suggestions[0].value == round(30.5 / 79.1 - 0.02, 2)
 
 
@@ -87,4 +87,4 @@ def test_a_healthy_startup_log_has_no_finding() -> None:
     facts = parse_log(text)
     assert facts.errors == () and facts.kv_cache_tokens == 1234560 and facts.max_concurrency == 37.68
     assert facts.available_kv_gib == 40.25
-    assert diagnose([], log_text=text) == []
+    assert diagnose(prepare([], log_text=text)) == []

@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.core.rules import (
+from diagnostics.core.diagnosis import (
     Budgets,
     Finding,
-    Settings,
+    KnownFlags,
     Suggestion,
     Thresholds,
     command_diff,
     diagnose,
     exit_code,
+    prepare,
 )
 from tests.unit.synth import down, scrape
 
@@ -33,7 +34,7 @@ def steady(seconds: int, **kw: object) -> list:  # type: ignore[type-arg]
 
 def test_healthy_history_has_no_warning() -> None:
     history = steady(30, running=8, usage=0.3)
-    assert ids(diagnose(history), "warning") == [] and ids(diagnose(history), "critical") == []
+    assert ids(diagnose(prepare(history)), "warning") == [] and ids(diagnose(prepare(history)), "critical") == []
 
 
 @pytest.mark.parametrize(("seconds_at_cap", "usage", "fires"), [
@@ -43,7 +44,7 @@ def test_queue_at_cap_needs_time_at_the_cap_and_room_in_kv(seconds_at_cap: int, 
     history = [scrape(float(t), gen=100 * t, running=4, usage=usage) for t in range(5)]
     history += [scrape(float(t), gen=100 * t, running=4, waiting=10, usage=usage)
                 for t in range(5, 5 + seconds_at_cap + 1)]
-    findings = diagnose(history)
+    findings = diagnose(prepare(history))
     assert ("queue_at_cap" in ids(findings)) == fires
     if fires:
         f = next(f for f in findings if f.id == "queue_at_cap")
@@ -54,8 +55,8 @@ def test_queue_at_cap_needs_time_at_the_cap_and_room_in_kv(seconds_at_cap: int, 
 
 def test_queue_uses_the_known_cap_when_given() -> None:
     history = [scrape(float(t), gen=100 * t, running=6, waiting=3, usage=0.2) for t in range(10)]
-    assert "queue_at_cap" not in ids(diagnose(history, settings=Settings(max_num_seqs=16)))
-    assert "queue_at_cap" in ids(diagnose(history, settings=Settings(max_num_seqs=6)))
+    assert "queue_at_cap" not in ids(diagnose(prepare(history, max_num_seqs=16)))
+    assert "queue_at_cap" in ids(diagnose(prepare(history, max_num_seqs=6)))
 
 
 @pytest.mark.parametrize(("preempt_per_s", "usage", "waiting", "severity"), [
@@ -64,7 +65,7 @@ def test_queue_uses_the_known_cap_when_given() -> None:
 def test_kv_pressure(preempt_per_s: float, usage: float, waiting: float, severity: str | None) -> None:
     history = [scrape(float(t), gen=100 * t, running=10, waiting=waiting, usage=usage, preempt=preempt_per_s * t)
                for t in range(20)]
-    findings = diagnose(history, settings=Settings(gpu_memory_utilization=0.9, max_model_len=8192))
+    findings = diagnose(prepare(history, gpu_memory_utilization=0.9, max_model_len=8192))
     found = [f for f in findings if f.id == "kv_pressure"]
     assert (found[0].severity if found else None) == severity
     if found:
@@ -76,7 +77,7 @@ def test_kv_pressure(preempt_per_s: float, usage: float, waiting: float, severit
 
 def test_kv_pressure_does_not_push_utilization_past_the_ceiling() -> None:
     history = [scrape(float(t), gen=100 * t, running=10, usage=1.0, preempt=t) for t in range(10)]
-    findings = diagnose(history, settings=Settings(gpu_memory_utilization=0.95))
+    findings = diagnose(prepare(history, gpu_memory_utilization=0.95))
     f = next(f for f in findings if f.id == "kv_pressure")
     assert "--gpu-memory-utilization" not in [s.flag for s in f.suggestions]
 
@@ -89,7 +90,7 @@ def test_silent_stall(stall_seconds: int, running: int, fires: bool) -> None:
     history += [scrape(float(t), gen=400, running=running) for t in range(5, 5 + stall_seconds)]
     history += [scrape(float(t), gen=400 + 100 * (t - 4 - stall_seconds), running=running)
                 for t in range(5 + stall_seconds, 10 + stall_seconds)]
-    findings = diagnose(history)
+    findings = diagnose(prepare(history))
     assert ("silent_stall" in ids(findings, "critical")) == fires
     if fires:
         f = next(f for f in findings if f.id == "silent_stall")
@@ -99,16 +100,16 @@ def test_silent_stall(stall_seconds: int, running: int, fires: bool) -> None:
 def test_an_outage_that_came_and_went_is_reported_with_its_range() -> None:
     history = steady(5, running=1) + [down(5.0), down(6.0), down(7.0)] + [
         scrape(float(t), gen=100 * t, running=1) for t in range(8, 12)]
-    f = next(f for f in diagnose(history) if f.id == "server_down")
+    f = next(f for f in diagnose(prepare(history)) if f.id == "server_down")
     assert f.severity == "critical" and f.time_range == (5.0, 7.0) and f.evidence["ongoing"] is False
     assert "recovered" in f.title
 
 
 def test_an_ongoing_outage_is_critical_and_says_so() -> None:
     history = steady(5) + [down(5.0), down(6.0, "engine unhealthy: /health answered HTTP 503")]
-    f = next(f for f in diagnose(history) if f.id == "server_down")
+    f = next(f for f in diagnose(prepare(history)) if f.id == "server_down")
     assert f.evidence["ongoing"] is True and "Engine dead" in f.title
-    assert exit_code(diagnose(history)) == 2
+    assert exit_code(diagnose(prepare(history))) == 2
 
 
 def _itl(baseline: float, spike: float) -> list[float]:
@@ -134,7 +135,7 @@ def hol_history(prefill_tokens: float, spikes: int = 3) -> list:  # type: ignore
 
 @pytest.mark.parametrize(("prefill_tokens", "spikes", "fires"), [(2000, 3, True), (100, 3, False), (2000, 1, False)])
 def test_head_of_line_needs_spikes_that_coincide_with_prefills(prefill_tokens: float, spikes: int, fires: bool) -> None:
-    findings = diagnose(hol_history(prefill_tokens, spikes))
+    findings = diagnose(prepare(hol_history(prefill_tokens, spikes)))
     assert ("head_of_line_blocking" in ids(findings)) == fires
     if fires:
         f = next(f for f in findings if f.id == "head_of_line_blocking")
@@ -144,7 +145,7 @@ def test_head_of_line_needs_spikes_that_coincide_with_prefills(prefill_tokens: f
 
 
 def test_head_of_line_halves_a_known_budget() -> None:
-    f = next(f for f in diagnose(hol_history(4000), settings=Settings(max_num_batched_tokens=8192))
+    f = next(f for f in diagnose(prepare(hol_history(4000), max_num_batched_tokens=8192))
              if f.id == "head_of_line_blocking")
     assert f.suggestions[0].value == 4096
 
@@ -153,7 +154,7 @@ def test_head_of_line_halves_a_known_budget() -> None:
 def test_slow_decode_needs_a_budget(budget_ms: float | None, fires: bool) -> None:
     history = [scrape(float(t), gen=100 * t, running=8, itl_counts=[0, 0, 50 * t] + [0] * 11, itl_sum=t)
                for t in range(10)]
-    findings = diagnose(history, budgets=Budgets(itl_ms=budget_ms))
+    findings = diagnose(prepare(history, budgets=Budgets(itl_ms=budget_ms)))
     assert ("slow_decode" in ids(findings, "warning")) == fires
     if budget_ms is None:
         assert "itl_budget_unset" in ids(findings, "info")
@@ -165,7 +166,7 @@ def test_slow_decode_needs_a_budget(budget_ms: float | None, fires: bool) -> Non
 def test_parallel_sampling_without_prefix_caching(caching: bool, n_gt_1: int, expected: str | None) -> None:
     history = [scrape(float(t), gen=100 * t, prefix_caching=caching, n_counts=[t, 0, 0, n_gt_1 * t, 0, 0])
                for t in range(5)]
-    found = [f.id for f in diagnose(history) if f.id.startswith("sharing")]
+    found = [f.id for f in diagnose(prepare(history)) if f.id.startswith("sharing")]
     assert found == ([expected] if expected else [])
 
 
@@ -174,7 +175,7 @@ def test_absent_metrics_say_so_in_info() -> None:
     from diagnostics.core.derive import Scrape
 
     history = [Scrape(float(t), parse_snapshot(f'vllm:num_requests_running{{model_name="m"}} {t}\n')) for t in range(3)]
-    findings = diagnose(history)
+    findings = diagnose(prepare(history))
     assert {"absent:silent_stall", "absent:kv_pressure"} <= set(ids(findings, "info"))
     assert exit_code(findings) == 0
 
@@ -187,8 +188,8 @@ def test_exit_code(severities: tuple[str, ...], code: int) -> None:
 
 
 def test_command_diff_shows_known_and_unknown_values() -> None:
-    settings = Settings(model="llama", gpu_memory_utilization=0.9, max_model_len=8192, enable_prefix_caching=False)
-    diff = command_diff(settings, [Suggestion("--gpu-memory-utilization", "increase", 0.95, ""),
+    flags = KnownFlags(model="llama", gpu_memory_utilization=0.9, max_model_len=8192, enable_prefix_caching=False)
+    diff = command_diff(flags, [Suggestion("--gpu-memory-utilization", "increase", 0.95, ""),
                                    Suggestion("--tensor-parallel-size", "increase", None, ""),
                                    Suggestion("--enable-prefix-caching", "set", None, "")])
     assert diff.before == "vllm serve llama --max-model-len 8192 --gpu-memory-utilization 0.9 --no-enable-prefix-caching"
@@ -198,5 +199,5 @@ def test_command_diff_shows_known_and_unknown_values() -> None:
 
 def test_thresholds_are_parameters() -> None:
     history = [scrape(float(t), gen=100 * t, running=4, waiting=10, usage=0.3) for t in range(3)]
-    assert "queue_at_cap" not in ids(diagnose(history))
-    assert "queue_at_cap" in ids(diagnose(history, thresholds=Thresholds(queue_min_seconds=1.0)))
+    assert "queue_at_cap" not in ids(diagnose(prepare(history)))
+    assert "queue_at_cap" in ids(diagnose(prepare(history, thresholds=Thresholds(queue_min_seconds=1.0))))

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from diagnostics.core.catalog import COUNTERS, GAUGES, parse_snapshot
 from diagnostics.core.derive import Scrape
-from diagnostics.core.rules import Budgets, diagnose
+from diagnostics.core.diagnosis import Budgets, diagnose, prepare
 from diagnostics.core.sim_engine import EngineConfig, SimEngine
 from diagnostics.core.sim_scenarios import SCENARIOS, make_engine
 from diagnostics.sim.driver import Simulation
@@ -24,13 +24,13 @@ def run(name: str, seconds: float = 60.0) -> list[Scrape]:
 @pytest.mark.parametrize("name", [n for n, s in SCENARIOS.items() if s.knob])
 def test_each_scenario_shows_its_symptom_and_the_diagnosis_names_it_within_a_minute(name: str) -> None:
     scenario = SCENARIOS[name]
-    findings = diagnose(run(name), budgets=Budgets(itl_ms=scenario.itl_budget_ms))
+    findings = diagnose(prepare(run(name), budgets=Budgets(itl_ms=scenario.itl_budget_ms)))
     assert scenario.knob in [f.id for f in findings if f.severity != "info"], [f.id for f in findings]
 
 
 @pytest.mark.parametrize("name", ["healthy", "parallel_sampling"])
 def test_healthy_scenarios_raise_no_warning(name: str) -> None:
-    findings = diagnose(run(name))
+    findings = diagnose(prepare(run(name)))
     assert [f.id for f in findings if f.severity != "info"] == []
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from diagnostics.core.rules import Thresholds
+from diagnostics.core.diagnosis.types import Thresholds
 
 KV_USAGE = "(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)"
 ITL_BUCKET = "vllm:inter_token_latency_seconds_bucket"

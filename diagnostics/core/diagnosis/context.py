@@ -1,0 +1,171 @@
+"""Everything the rules read, built once per diagnosis by :func:`prepare`.
+
+The page and the CLI used to rebuild these inputs each (and the log was parsed twice); rules used
+to recompute the same per-interval deltas each. Here the log is parsed once, the flags resolved
+once, and the per-interval series (:class:`Interval`) and stall episodes (:class:`Stall`) computed
+once; a rule is then a pure function of the :class:`Context`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from diagnostics.core.catalog import Histogram, Snapshot
+from diagnostics.core.derive import Scrape, counter_step, histogram_step, restarted
+from diagnostics.core.diagnosis.logs import LogFacts, parse_log
+from diagnostics.core.diagnosis.types import Budgets, KnownFlags, Thresholds
+from diagnostics.core.info import ServerInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """Between two consecutive good scrapes: what the counters and histograms gained (None when the
+    server does not expose them) and the gauges at the interval's end."""
+
+    start: float
+    end: float
+    restarted: bool
+    itl: Histogram | None
+    prompt_len: Histogram | None  # delta of request_prompt_tokens
+    prompt_tokens: float | None
+    generation_tokens: float | None
+    prefix_cache_hits: float | None
+    prefix_cache_queries: float | None
+    num_preemptions: float | None
+    num_requests_running: float | None
+    num_requests_waiting: float | None
+    kv_cache_usage_perc: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """Requests running and no token produced, long enough to count (see :class:`Thresholds`).
+
+    The stall rule reports it; the queue rule leaves its time out, since when no token moves the
+    concurrency cap is not what queues.
+    """
+
+    start: float  # the last scrape that still saw tokens move
+    end: float
+    num_scrapes: int
+    num_requests_running: float  # the most seen during the stall
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """One diagnosis's inputs; ``ok`` holds the good scrapes with their snapshots."""
+
+    history: tuple[Scrape, ...]
+    ok: tuple[tuple[Scrape, Snapshot], ...]
+    log: LogFacts | None
+    flags: KnownFlags
+    budgets: Budgets
+    thresholds: Thresholds
+    info: ServerInfo | None
+    intervals: tuple[Interval, ...]
+    stalls: tuple[Stall, ...]
+
+
+def prepare(
+    history: Sequence[Scrape],
+    *,
+    info: ServerInfo | None = None,
+    budgets: Budgets = Budgets(),
+    log_text: str | None = None,
+    thresholds: Thresholds = Thresholds(),
+    **flag_overrides: Any,
+) -> Context:
+    """The context for a window of scrapes (possibly empty) and an optional startup log.
+
+    ``flag_overrides`` (e.g. ``max_num_seqs=8``) are flags the operator knows; they win over what
+    the server and its log say (see :meth:`KnownFlags.known`).
+    """
+    scrapes = tuple(history)
+    ok = tuple((s, s.snapshot) for s in scrapes if s.snapshot is not None)
+    log = parse_log(log_text) if log_text else None
+    config = ok[-1][1].cache_config if ok else None
+    intervals = tuple(_interval(a, b) for a, b in zip(ok, ok[1:]))
+    return Context(
+        history=scrapes,
+        ok=ok,
+        log=log,
+        flags=KnownFlags.known(config, info, log, **flag_overrides),
+        budgets=budgets,
+        thresholds=thresholds,
+        info=info,
+        intervals=intervals,
+        stalls=_stalls(intervals, thresholds),
+    )
+
+
+def episodes(points: Sequence[tuple[float, bool]], merge_seconds: float = 0.0) -> list[tuple[float, float]]:
+    """Contiguous runs of True as ``(first ts, last ts)``, merging runs closer than ``merge_seconds``."""
+    runs: list[tuple[float, float]] = []
+    start: float | None = None
+    last: float | None = None
+    for ts, flag in points:
+        if flag:
+            if start is None:
+                start = ts
+            last = ts
+        elif start is not None and last is not None:
+            runs.append((start, last))
+            start = last = None
+    if start is not None and last is not None:
+        runs.append((start, last))
+    merged: list[tuple[float, float]] = []
+    for run in runs:
+        if merged and run[0] - merged[-1][1] <= merge_seconds:
+            merged[-1] = (merged[-1][0], run[1])
+        else:
+            merged.append(run)
+    return merged
+
+
+def _interval(prev: tuple[Scrape, Snapshot], cur: tuple[Scrape, Snapshot]) -> Interval:
+    (a_scrape, a), (b_scrape, b) = prev, cur
+    restart = restarted(a, b)
+    return Interval(
+        start=a_scrape.ts,
+        end=b_scrape.ts,
+        restarted=restart,
+        itl=_histogram(a, b, "inter_token_latency_seconds"),
+        prompt_len=_histogram(a, b, "request_prompt_tokens"),
+        prompt_tokens=_counter(a, b, "prompt_tokens", restart),
+        generation_tokens=_counter(a, b, "generation_tokens", restart),
+        prefix_cache_hits=_counter(a, b, "prefix_cache_hits", restart),
+        prefix_cache_queries=_counter(a, b, "prefix_cache_queries", restart),
+        num_preemptions=_counter(a, b, "num_preemptions", restart),
+        num_requests_running=b.value("num_requests_running"),
+        num_requests_waiting=b.value("num_requests_waiting"),
+        kv_cache_usage_perc=b.value("kv_cache_usage_perc"),
+    )
+
+
+def _counter(a: Snapshot, b: Snapshot, concept: str, restart: bool) -> float | None:
+    va, vb = a.value(concept), b.value(concept)
+    if va is None or vb is None or math.isnan(va) or math.isnan(vb):
+        return None
+    return counter_step(va, vb, restart)
+
+
+def _histogram(a: Snapshot, b: Snapshot, concept: str) -> Histogram | None:
+    ha, hb = a.histogram(concept), b.histogram(concept)
+    return histogram_step(a, ha, b, hb) if ha is not None and hb is not None else None
+
+
+def _stalls(intervals: Sequence[Interval], t: Thresholds) -> tuple[Stall, ...]:
+    """Runs of intervals with requests running and no generation-token increase, kept when they
+    last ``stall_min_seconds`` and ``stall_min_scrapes``."""
+    flagged = [(iv, (iv.num_requests_running or 0) > 0 and iv.generation_tokens == 0) for iv in intervals]
+    out = []
+    for first, last in episodes([(iv.end, flag) for iv, flag in flagged]):
+        run = [iv for iv, flag in flagged if flag and first <= iv.end <= last]
+        began = run[0].start
+        if last - began < t.stall_min_seconds or len(run) < t.stall_min_scrapes:
+            continue
+        out.append(Stall(began, last, len(run), max(iv.num_requests_running or 0 for iv in run)))
+    return tuple(out)

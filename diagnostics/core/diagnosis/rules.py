@@ -1,0 +1,556 @@
+"""The rules: observed symptoms → findings with evidence and concrete `vllm serve` changes.
+
+Every rule has one signature, ``run(ctx) -> list[Finding]``, and reads only the
+:class:`~diagnostics.core.diagnosis.context.Context`; how rules combine (order, suppression) and
+what each points to (knobs, charts, alerts, scenarios) is the table in
+:mod:`diagnostics.core.diagnosis.table`. A rule that cannot run because a metric is absent says so
+in an ``info`` finding; a symptom that came and went inside the window is still reported, with its
+time range.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from diagnostics.core.catalog import Histogram
+from diagnostics.core.derive import histogram_delta, histogram_quantile
+from diagnostics.core.diagnosis.context import Context, episodes
+from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _span(ctx: Context) -> dict[str, float]:
+    first, last = ctx.history[0].ts, ctx.history[-1].ts
+    return {"start": first, "end": last, "seconds": round(last - first, 3)}
+
+
+def _whole(ctx: Context) -> tuple[float, float]:
+    return ctx.history[0].ts, ctx.history[-1].ts
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _absent(concept: str, rule: str, why: str) -> Finding:
+    return Finding(
+        id=f"absent:{rule}",
+        severity="info",
+        title=f"Cannot check {rule.replace('_', ' ')}: this server does not expose {concept}",
+        evidence={"missing": concept},
+        checks=(why,),
+    )
+
+
+def _exposes(ctx: Context, concept: str) -> bool:
+    return any(snap.has(concept) for _, snap in ctx.ok)
+
+
+def _mean_from(hist: Histogram | None) -> float | None:
+    if hist is None or hist.count <= 0 or math.isnan(hist.sum):
+        return None
+    return hist.sum / hist.count
+
+
+def _max_gauge(ctx: Context, concept: str) -> float:
+    return max((snap.value(concept) or 0) for _, snap in ctx.ok)
+
+
+def interval_itl(ctx: Context) -> list[tuple[float, float | None, float | None, float]]:
+    """Per interval with an ITL delta: (end ts, ITL p50, ITL p90, prefill tokens computed rather
+    than served from the prefix cache)."""
+    return [
+        (iv.end, histogram_quantile(0.5, iv.itl), histogram_quantile(0.9, iv.itl),
+         max(0.0, (iv.prompt_tokens or 0.0) - (iv.prefix_cache_hits or 0.0)))
+        for iv in ctx.intervals
+        if iv.itl is not None
+    ]
+
+
+# -- rules over the scrapes ------------------------------------------------------------------------
+
+
+def outage(ctx: Context) -> list[Finding]:
+    """Failed scrapes: the server was unreachable, timed out, answered errors, or its engine died."""
+    history = ctx.history
+    findings = []
+    for start, end in episodes([(s.ts, s.snapshot is None) for s in history]):
+        errors = sorted({s.error or "failed" for s in history if s.snapshot is None and start <= s.ts <= end})
+        ongoing = history[-1].snapshot is None and history[-1].ts == end
+        engine_dead = any("503" in e or "unhealthy" in e for e in errors)
+        title = ("Engine dead (/health 503)" if engine_dead else "Server unreachable") + (
+            f" since {_fmt_s(end - start)} ago" if ongoing else f" for {_fmt_s(end - start)}, then recovered"
+        )
+        findings.append(
+            Finding(
+                id="server_down",
+                severity="critical",
+                title=title,
+                evidence={"failed_scrapes": sum(1 for s in history if s.snapshot is None and start <= s.ts <= end),
+                          "errors": errors[:5], "ongoing": ongoing, "window": _span(ctx)},
+                checks=(
+                    "Is the process alive? Read the last lines of its log: an OOM, EngineDeadError or a traceback "
+                    "names the cause (python -m diagnostics diagnose --log FILE parses it).",
+                    "After a restart, compare the flags with the last good run before changing anything.",
+                ),
+                time_range=(start, end),
+                knobs=("down",),
+            )
+        )
+    for iv, (_, snap) in zip(ctx.intervals, ctx.ok[1:]):
+        if iv.restarted:
+            findings.append(
+                Finding(
+                    id="server_restarted",
+                    severity="info",
+                    title="The server restarted inside the window",
+                    evidence={"process_start_time_seconds": snap.process_start_time_seconds, "seen_at": iv.end},
+                    time_range=(iv.end, iv.end),
+                )
+            )
+    return findings
+
+
+def stall(ctx: Context) -> list[Finding]:
+    """Requests running, no token produced for several intervals, while the server still answers."""
+    if not _exposes(ctx, "generation_tokens"):
+        return [_absent("vllm:generation_tokens_total", "silent_stall", "Token production cannot be followed.")]
+    findings = []
+    for episode in ctx.stalls:
+        seconds = episode.end - episode.start
+        ongoing = ctx.ok[-1][0].ts == episode.end
+        findings.append(
+            Finding(
+                id="silent_stall",
+                severity="critical",
+                title=f"Silent stall: {episode.num_requests_running:.0f} requests running, no token for "
+                f"{_fmt_s(seconds)}" + (" (ongoing)" if ongoing else ", then tokens resumed"),
+                evidence={"num_requests_running": episode.num_requests_running,
+                          "seconds_without_tokens": round(seconds, 3), "scrapes": episode.num_scrapes,
+                          "ongoing": ongoing, "window": _span(ctx)},
+                checks=(
+                    "The frontend still answers /metrics (and /health), but the engine produces nothing: dump the "
+                    "EngineCore stacks (py-spy dump --pid <EngineCore pid>) before restarting.",
+                    "Look for a stopped or swapping process, a hung GPU (nvidia-smi), or a stuck collective (TP/PP).",
+                ),
+                time_range=(episode.start, episode.end),
+                knobs=("stall",),
+                chart="generation_tokens",
+            )
+        )
+    return findings
+
+
+def _suggest_more_kv(flags: KnownFlags, t: Thresholds, demand_tokens: float | None) -> list[Suggestion]:
+    out = []
+    util = flags.gpu_memory_utilization
+    if util is None or util < t.max_gpu_memory_utilization:
+        target = min(t.max_gpu_memory_utilization, round((util or 0.9) + 0.05, 2))
+        out.append(Suggestion("--gpu-memory-utilization", "increase", target,
+                              "More of the GPU for the KV cache, if nothing else shares the GPU."))
+    if flags.cache_dtype in (None, "auto", "bfloat16", "float16", "half"):
+        out.append(Suggestion("--kv-cache-dtype", "set", "fp8",
+                              "Halves KV bytes per token, so twice the tokens fit; check accuracy on your evals."))
+    value = int(math.ceil(demand_tokens * 1.25 / 256) * 256) if demand_tokens else None
+    if flags.max_model_len and value and value < flags.max_model_len:
+        out.append(Suggestion("--max-model-len", "decrease", value,
+                              f"Requests here use about {demand_tokens:,.0f} tokens (p99 prompt + output); a "
+                              "shorter maximum lets the scheduler reserve less per sequence."))
+    out.append(Suggestion("--tensor-parallel-size", "increase", None,
+                          "With more GPUs, each holds a slice of the weights and KV heads: more room for KV."))
+    return out
+
+
+def kv_pressure(ctx: Context) -> list[Finding]:
+    """Preemptions while the KV cache is near full: more KV capacity or fewer sequences, never more."""
+    t, ok = ctx.thresholds, ctx.ok
+    if not _exposes(ctx, "num_preemptions"):
+        if _exposes(ctx, "num_requests_swapped"):
+            return []  # V0: swapped requests; not judged here
+        return [_absent("vllm:num_preemptions_total", "kv_pressure", "Preemption cannot be counted (vLLM < 0.8.5).")]
+    found = episodes([(iv.end, (iv.num_preemptions or 0) > 0) for iv in ctx.intervals], t.episode_merge_seconds)
+    if not found:
+        return []
+    total = sum(iv.num_preemptions or 0 for iv in ctx.intervals)
+    usage = [snap.value("kv_cache_usage_perc") for _, snap in ok]
+    max_usage = max((u for u in usage if u is not None), default=None)
+    waiting = _max_gauge(ctx, "num_requests_waiting")
+    first_ts = found[0][0]
+    running_at_onset = next(
+        ((snap.value("num_requests_running") or 0) for s, snap in ok if s.ts >= first_ts), None
+    )
+    seconds = max(ctx.history[-1].ts - ctx.history[0].ts, 1e-9)
+    prompt_p99 = histogram_quantile(0.99, histogram_delta(ctx.history, "request_prompt_tokens"))
+    gen_p99 = histogram_quantile(0.99, histogram_delta(ctx.history, "request_generation_tokens"))
+    demand = (prompt_p99 or 0) + (gen_p99 or 0) or None
+    suggestions = _suggest_more_kv(ctx.flags, t, demand)
+    if running_at_onset:
+        suggestions.append(
+            Suggestion("--max-num-seqs", "decrease", max(1, int(running_at_onset * 0.75)),
+                       f"Preemption began with {running_at_onset:.0f} running; fewer concurrent sequences need "
+                       "fewer blocks (the opposite of raising it).")
+        )
+    near_full = max_usage is not None and max_usage >= t.kv_full_perc
+    severe = near_full and waiting > 0 and total / seconds >= 1.0
+    return [
+        Finding(
+            id="kv_pressure",
+            severity="critical" if severe else "warning",
+            title=f"KV-cache pressure: {total:.0f} preemptions"
+            + (f", KV usage up to {max_usage * 100:.0f} %" if max_usage is not None else "")
+            + (f", up to {waiting:.0f} waiting" if waiting else ""),
+            evidence={"preemptions": total, "preemptions_per_second": round(total / seconds, 4),
+                      "max_kv_cache_usage_perc": max_usage, "max_num_requests_waiting": waiting,
+                      "num_requests_running_at_onset": running_at_onset, "episodes": len(found),
+                      "window": _span(ctx)},
+            suggestions=tuple(suggestions),
+            checks=(
+                "Confirm preemptions line up with KV usage near 100 % on the chart (not a one-off burst).",
+                "Do not raise --max-num-seqs for this: more sequences need more blocks and preempt more.",
+                "Check the KV capacity against the workload (tokens per request × concurrency) before and after.",
+            ),
+            time_range=(found[0][0], found[-1][1]),
+            knobs=("preemption",),
+            chart="kv_cache_usage_perc",
+        )
+    ]
+
+
+def queue_at_cap(ctx: Context) -> list[Finding]:
+    """Waiting requests while running sits at its cap and the KV cache has room: raise --max-num-seqs.
+
+    Scrapes inside a stall are left out: when no token moves, the cap is not what queues."""
+    t, ok = ctx.thresholds, ctx.ok
+    if not _exposes(ctx, "num_requests_waiting"):
+        return [_absent("vllm:num_requests_waiting", "queueing", "Queueing cannot be seen.")]
+    cap = ctx.flags.max_num_seqs or _max_gauge(ctx, "num_requests_running")
+    if cap <= 0:
+        return []
+    points = []
+    for scrape, snap in ok:
+        by_reason = snap.by_label("num_requests_waiting_by_reason") or {}
+        waiting = by_reason.get("capacity", snap.value("num_requests_waiting") or 0)
+        usage = snap.value("kv_cache_usage_perc")
+        at_cap = (snap.value("num_requests_running") or 0) >= cap
+        stalled = any(s.start <= scrape.ts <= s.end for s in ctx.stalls)
+        points.append((scrape.ts, waiting > 0 and at_cap and not stalled and (usage is None or usage < t.kv_low_perc)))
+    found = [e for e in episodes(points, 2.0) if e[1] - e[0] >= t.queue_min_seconds]
+    if not found:
+        return []
+    in_ep = [(s, snap) for s, snap in ok if any(a <= s.ts <= b for a, b in found)]
+    peak_waiting = max(snap.value("num_requests_waiting") or 0 for _, snap in in_ep)
+    max_usage = max((snap.value("kv_cache_usage_perc") or 0) for _, snap in in_ep)
+    seconds = sum(b - a for a, b in found)
+    target = int(cap + peak_waiting)
+    return [
+        Finding(
+            id="queue_at_cap",
+            severity="warning",
+            title=f"Queueing at the concurrency cap: {cap:.0f} running, up to {peak_waiting:.0f} waiting, "
+            f"KV usage ≤ {max_usage * 100:.0f} %",
+            evidence={"num_requests_running_cap": cap, "cap_known_from_flags": ctx.flags.max_num_seqs is not None,
+                      "max_num_requests_waiting": peak_waiting, "max_kv_cache_usage_perc": max_usage,
+                      "seconds_queued_at_cap": round(seconds, 3), "window": _span(ctx)},
+            suggestions=(
+                Suggestion("--max-num-seqs", "increase", target,
+                           f"Running sat at {cap:.0f} for {_fmt_s(seconds)} with up to {peak_waiting:.0f} waiting while "
+                           f"the KV cache stayed ≤ {max_usage * 100:.0f} % full: the cap, not memory, is what queues."),
+            ),
+            checks=(
+                "Confirm KV usage stays below ~90 % after raising the cap; if it fills, this turns into preemption.",
+                "A larger batch raises ITL: keep the new cap within your ITL budget (the defended batch size).",
+                "If waiting is 'deferred' rather than 'capacity', the cause is LoRA or KV-transfer limits instead.",
+            ),
+            time_range=(found[0][0], found[-1][1]),
+            knobs=("queue-at-cap",),
+            chart="num_requests_waiting",
+        )
+    ]
+
+
+def head_of_line(ctx: Context) -> list[Finding]:
+    """ITL spikes that coincide with large prefills: lower the chunked-prefill budget, not the batch."""
+    t = ctx.thresholds
+    intervals = interval_itl(ctx)
+    if not intervals:
+        return []
+    p50s = [p50 for _, p50, _, _ in intervals if p50 is not None]
+    if len(p50s) < 3:
+        return []
+    baseline = statistics.median(p50s)
+    # The frontend updates the token counters and the ITL histogram asynchronously, so a prefill and
+    # the ITL spike it causes can land in neighbouring scrape intervals: a prefill counts for its
+    # own interval and the ones on either side.
+    spikes = []
+    for i, (ts, _, p90, _) in enumerate(intervals):
+        if p90 is not None and p90 > t.hol_spike_factor * baseline and p90 - baseline > t.hol_spike_min_seconds:
+            prefilled = max(intervals[j][3] for j in range(max(0, i - 1), min(len(intervals), i + 2)))
+            spikes.append((ts, p90, prefilled))
+    coinciding = [s for s in spikes if s[2] >= t.hol_min_prefill_tokens]
+    if len(coinciding) < t.hol_min_spikes or len(coinciding) < t.hol_coincide_fraction * len(spikes):
+        return []
+    worst = max(p90 for _, p90, _ in coinciding)
+    min_tokens = min(tokens for _, _, tokens in coinciding)
+    current = ctx.flags.max_num_batched_tokens
+    if current:
+        value = max(256, current // 2)
+    else:
+        # Unknown budget: chunks of a quarter of the smallest blocking prefill, as a power of two.
+        value = max(256, 2 ** int(math.log2(max(256.0, min_tokens / 4))))
+    return [
+        Finding(
+            id="head_of_line_blocking",
+            severity="warning",
+            title=f"Head-of-line blocking: ITL spikes to {worst * 1000:.0f} ms (baseline {baseline * 1000:.0f} ms) "
+            f"whenever large prompts are prefilled",
+            evidence={"itl_baseline_p50_seconds": baseline, "itl_spike_p90_seconds": worst,
+                      "spike_intervals": len(spikes), "spikes_with_prefill": len(coinciding),
+                      "min_prefill_tokens_in_spike": min_tokens, "window": _span(ctx)},
+            suggestions=(
+                Suggestion("--max-num-batched-tokens", "decrease", value,
+                           "A smaller chunked-prefill budget splits long prompts into smaller chunks, so each step "
+                           "that carries a prefill delays the decoding sequences less (vLLM: 'Smaller values (e.g., "
+                           "2048) achieve better ITL')."),
+            ),
+            checks=(
+                "This is the chunk size, not the batch size: do not lower --max-num-seqs for it.",
+                "Chunked prefill is on by default in V1; make sure it was not disabled.",
+                "A smaller chunk raises TTFT of the long prompts: check the TTFT budget after the change.",
+            ),
+            time_range=(coinciding[0][0], coinciding[-1][0]),
+            knobs=("head-of-line",),
+            chart="inter_token_latency_seconds",
+        )
+    ]
+
+
+def slow_decode(ctx: Context) -> list[Finding]:
+    """ITL over the budget: the batch is larger than the budget defends. (When head-of-line blocking
+    explains the ITL, the table suppresses this rule's warning.)"""
+    budget_ms = ctx.budgets.itl_ms
+    if not _exposes(ctx, "inter_token_latency_seconds"):
+        return [_absent("vllm:inter_token_latency_seconds", "decode_speed", "Decode latency cannot be measured.")]
+    p95 = histogram_quantile(0.95, histogram_delta(ctx.history, "inter_token_latency_seconds"))
+    if p95 is None:
+        return []
+    if budget_ms is None:
+        return [Finding(id="itl_budget_unset", severity="info",
+                        title=f"ITL p95 is {p95 * 1000:.0f} ms; no ITL budget given, so decode speed is not judged",
+                        evidence={"itl_p95_seconds": p95, "window": _span(ctx)},
+                        checks=("Pass --itl-budget-ms (CLI) or set the budget on the Diagnose page.",))]
+    if p95 * 1000 <= budget_ms:
+        return []
+    # The defended batch size: the largest running level whose intervals kept ITL within budget.
+    within = [iv.num_requests_running or 0 for iv in ctx.intervals
+              if (p50 := histogram_quantile(0.5, iv.itl)) is not None and p50 * 1000 <= budget_ms]
+    defended = int(max(within)) if within and max(within) > 0 else None
+    peak = _max_gauge(ctx, "num_requests_running")
+    suggestions = [
+        Suggestion("--max-num-seqs", "decrease", defended,
+                   (f"ITL stayed within {budget_ms:g} ms up to {defended} running; it peaked at {peak:.0f}."
+                    if defended else "Fewer sequences per step make each decode step shorter.")),
+        Suggestion("--quantization", "set", None,
+                   "Smaller weights are read faster each step, if measured accuracy allows (a quantized checkpoint)."),
+    ]
+    if ctx.flags.cache_dtype in (None, "auto", "bfloat16", "float16", "half"):
+        suggestions.append(Suggestion("--kv-cache-dtype", "set", "fp8",
+                                      "Fewer KV bytes read per decode step, if accuracy allows."))
+    return [
+        Finding(
+            id="slow_decode",
+            severity="warning",
+            title=f"Decode slower than the budget: ITL p95 {p95 * 1000:.0f} ms > {budget_ms:g} ms",
+            evidence={"itl_p95_seconds": p95, "itl_budget_ms": budget_ms, "peak_num_requests_running": peak,
+                      "defended_num_requests_running": defended, "window": _span(ctx)},
+            suggestions=tuple(suggestions),
+            checks=(
+                "First --max-num-seqs against the batch size your ITL budget defends; only then weigh "
+                "quantization or fp8 KV, on measured numbers.",
+                "Rule out a CPU-bound host (GPU utilisation low while ITL is high).",
+            ),
+            time_range=_whole(ctx),
+            knobs=("decode-slow",),
+            chart="inter_token_latency_seconds",
+        )
+    ]
+
+
+def ttft(ctx: Context) -> list[Finding]:
+    """TTFT over budget, split into queue-dominated and prefill-dominated (different knobs)."""
+    t, flags, budget_ms = ctx.thresholds, ctx.flags, ctx.budgets.ttft_ms
+    if not _exposes(ctx, "time_to_first_token_seconds"):
+        return [_absent("vllm:time_to_first_token_seconds", "ttft", "TTFT cannot be measured.")]
+    p95 = histogram_quantile(0.95, histogram_delta(ctx.history, "time_to_first_token_seconds"))
+    if p95 is None or budget_ms is None or p95 * 1000 <= budget_ms:
+        return []
+    queue = _mean_from(histogram_delta(ctx.history, "request_queue_time_seconds"))
+    prefill = _mean_from(histogram_delta(ctx.history, "request_prefill_time_seconds"))
+    usage = _max_gauge(ctx, "kv_cache_usage_perc")
+    evidence = {"ttft_p95_seconds": p95, "ttft_budget_ms": budget_ms, "mean_queue_seconds": queue,
+                "mean_prefill_seconds": prefill, "max_kv_cache_usage_perc": usage, "window": _span(ctx)}
+    if queue is not None and prefill is not None and queue >= prefill:
+        if usage < t.kv_low_perc:
+            cap = flags.max_num_seqs or _max_gauge(ctx, "num_requests_running")
+            waiting = _max_gauge(ctx, "num_requests_waiting")
+            suggestion = Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap else None,
+                                    "Requests wait for a slot while the KV cache has room.")
+        else:
+            suggestion = _suggest_more_kv(flags, t, None)[0]
+        return [Finding(
+            id="ttft_queue_dominated", severity="warning",
+            title=f"TTFT p95 {p95 * 1000:.0f} ms > {budget_ms:g} ms, mostly queue time "
+            f"({queue * 1000:.0f} ms queued vs {prefill * 1000:.0f} ms prefill on average)",
+            evidence=evidence, suggestions=(suggestion,),
+            checks=("A capacity problem: see the queueing and KV-pressure findings for which resource is short.",),
+            time_range=_whole(ctx), knobs=("ttft-queue",), chart="time_to_first_token_seconds",
+        )]
+    current = flags.max_num_batched_tokens
+    suggestions = [Suggestion("--max-num-batched-tokens", "increase", current * 2 if current else None,
+                              "More prefill tokens per step shorten long prompts' prefill (at some ITL cost).")]
+    if flags.enable_prefix_caching is False:
+        suggestions.append(Suggestion("--enable-prefix-caching", "set", None,
+                                      "Repeated prefixes are then served from cache instead of recomputed."))
+    return [Finding(
+        id="ttft_prefill_dominated", severity="warning",
+        title=f"TTFT p95 {p95 * 1000:.0f} ms > {budget_ms:g} ms, mostly prefill time",
+        evidence=evidence, suggestions=tuple(suggestions),
+        checks=("Check the prefix-cache hit rate: shared system prompts should hit.",
+                "A larger prefill budget can raise ITL for running sequences (head-of-line blocking)."),
+        time_range=_whole(ctx), knobs=("ttft-prefill",), chart="time_to_first_token_seconds",
+    )]
+
+
+_SHARING_CHECKS = (
+    "Verify sharing is actually happening before touching batch size or memory utilization.",
+    "vLLM V1 shares the prompt's full blocks across the n samples through the prefix cache; the partial last "
+    "block is each sample's own.",
+)
+
+
+def _parallel_samples(ctx: Context) -> dict[str, Any] | None:
+    """The evidence about requests sampled with n > 1 in the window; None when there were none."""
+    n_hist = histogram_delta(ctx.history, "request_params_n")
+    if n_hist is None:
+        return None
+    le1 = next((c for b, c in zip(n_hist.bounds, n_hist.cumulative) if b >= 1.0), 0.0)
+    parallel = n_hist.cumulative[-1] - le1
+    if parallel <= 0:
+        return None
+    return {"requests_with_n_gt_1": parallel, "mean_n": _mean_from(n_hist),
+            "enable_prefix_caching": ctx.flags.enable_prefix_caching, "window": _span(ctx)}
+
+
+def sharing_disabled(ctx: Context) -> list[Finding]:
+    """Parallel samples (n > 1) with prefix caching off: each sample holds its own prompt blocks."""
+    evidence = _parallel_samples(ctx) if ctx.flags.enable_prefix_caching is False else None
+    if evidence is None:
+        return []
+    return [Finding(
+        id="sharing_disabled", severity="warning",
+        title=f"{evidence['requests_with_n_gt_1']:.0f} requests sampled n > 1 (mean n {evidence['mean_n']:.1f}) "
+        "with prefix caching off: each sample holds its own copy of the prompt's blocks",
+        evidence=evidence,
+        suggestions=(Suggestion("--enable-prefix-caching", "set", None,
+                                "The n samples of one prompt then share its full blocks instead of n copies."),),
+        checks=_SHARING_CHECKS, time_range=_whole(ctx), knobs=("sharing-wasted",), chart="kv_cache_usage_perc",
+    )]
+
+
+def sharing_not_happening(ctx: Context) -> list[Finding]:
+    """Parallel samples (n > 1) with prefix caching on (or unknown) but hardly any cache hits."""
+    evidence = _parallel_samples(ctx) if ctx.flags.enable_prefix_caching is not False else None
+    if evidence is None:
+        return []
+    hits = sum(iv.prefix_cache_hits or 0 for iv in ctx.intervals)
+    queries = sum(iv.prefix_cache_queries or 0 for iv in ctx.intervals)
+    prompt_p50 = histogram_quantile(0.5, histogram_delta(ctx.history, "request_prompt_tokens"))
+    block = ctx.flags.block_size or 16
+    if not (queries > 0 and hits / queries < ctx.thresholds.sharing_hit_rate_low and prompt_p50 is not None
+            and prompt_p50 >= 2 * block):
+        return []
+    evidence.update({"prefix_cache_hit_rate": hits / queries, "prompt_tokens_p50": prompt_p50})
+    return [Finding(
+        id="sharing_not_happening", severity="warning",
+        title=f"n > 1 sampling but the prefix-cache hit rate is {hits / queries * 100:.1f} %: samples are not "
+        "sharing prompt blocks",
+        evidence=evidence, checks=_SHARING_CHECKS, time_range=_whole(ctx),
+        knobs=("sharing-wasted",), chart="prefix_cache_hit_rate",
+    )]
+
+
+# -- the startup log -------------------------------------------------------------------------------
+
+STARTUP_ERRORS: dict[str, tuple[str, str]] = {
+    "kv_too_small": ("KV cache too small for --max-model-len: the server cannot start", "kv-too-small-for-context"),
+    "no_kv_memory": ("No memory left for the KV cache: the server cannot start", "wont-start"),
+    "autofit_impossible": ("Not enough memory to auto-fit any context length", "wont-start"),
+    "free_memory_low": ("Less free device memory than --gpu-memory-utilization asks for", "wont-start"),
+    "profiling_changed": ("GPU memory changed during profiling (another process on the GPU)", "wont-start"),
+    "oom_model_load": ("Out of memory while loading the weights", "wont-start"),
+    "oom_sampler": ("Out of memory warming up the sampler", "wont-start"),
+    "cuda_oom": ("CUDA out of memory", "wont-start"),
+    "engine_dead": ("Engine core died at startup", "down"),
+}
+"""Per error kind the log parser knows: the finding's title and the knob-table row it rests on."""
+
+
+def startup_log(ctx: Context) -> list[Finding]:
+    """The errors a startup log states, each with the flag changes vLLM's message points to."""
+    if ctx.log is None:
+        return []
+    t, log = ctx.thresholds, ctx.log
+    findings = []
+    for error in log.errors:
+        title, knob = STARTUP_ERRORS[error.kind]
+        n = error.numbers
+        util = ctx.flags.gpu_memory_utilization
+        up = Suggestion("--gpu-memory-utilization", "increase",
+                        min(t.max_gpu_memory_utilization, round((util or 0.9) + 0.05, 2)),
+                        "Gives the KV cache more of the device.")
+        suggestions: list[Suggestion]
+        if error.kind == "kv_too_small":
+            estimated = int(n["estimated_max_model_len"]) if "estimated_max_model_len" in n else None
+            suggestions = [
+                Suggestion("--max-model-len", "decrease", estimated,
+                           f"vLLM estimates {estimated:,} tokens fit in the KV memory it has." if estimated
+                           else "A shorter context needs fewer KV blocks per request."),
+                up,
+                Suggestion("--kv-cache-dtype", "set", "fp8", "Twice the tokens in the same KV memory."),
+            ]
+        elif error.kind in ("no_kv_memory", "autofit_impossible"):
+            suggestions = [up, Suggestion("--quantization", "set", None, "Smaller weights leave room for KV."),
+                           Suggestion("--tensor-parallel-size", "increase", None, "Spread the weights over GPUs.")]
+        elif error.kind == "free_memory_low":
+            free, total = n.get("free_gib"), n.get("total_gib")
+            value = round(max(0.05, free / total - 0.02), 2) if free and total else None
+            suggestions = [Suggestion("--gpu-memory-utilization", "decrease", value,
+                                      f"Only {free} of {total} GiB is free on the device (another process holds "
+                                      "the rest)." if free else "Ask for no more than is free.")]
+        elif error.kind == "oom_model_load":
+            suggestions = [
+                Suggestion("--gpu-memory-utilization", "decrease", None, "vLLM: free memory for the weights."),
+                Suggestion("--tensor-parallel-size", "increase", None, "Each GPU holds a slice of the weights."),
+                Suggestion("--quantization", "set", None, "Smaller weights."),
+            ]
+        elif error.kind == "oom_sampler":
+            reqs = int(n.get("num_reqs", 0)) or None
+            suggestions = [Suggestion("--max-num-seqs", "decrease", reqs // 2 if reqs else None,
+                                      "The sampler warm-up runs max-num-seqs dummy requests."),
+                           Suggestion("--gpu-memory-utilization", "decrease", None, "Leave activation headroom.")]
+        elif error.kind == "cuda_oom":
+            suggestions = [up, Suggestion("--quantization", "set", None, "If it still does not fit at ~0.95."),
+                           Suggestion("--tensor-parallel-size", "increase", None, "Or spread the model.")]
+        else:
+            suggestions = []
+        findings.append(Finding(
+            id=f"startup_{error.kind}", severity="critical", title=title,
+            evidence={"log_line": error.line_no, "message": error.text, **{k: v for k, v in n.items()},
+                      **({"vllm_version": log.version} if log.version else {})},
+            suggestions=tuple(suggestions),
+            checks=("Apply one change at a time and re-read the startup log's 'KV cache size' line.",),
+            knobs=(knob,),
+        ))
+    return findings

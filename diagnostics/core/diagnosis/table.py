@@ -1,0 +1,69 @@
+"""The rule table: each rule, the finding ids it emits, and every name it points to.
+
+A row joins a rule to the knob table (``knobs``), the chart the Diagnose page draws beside its
+findings (``chart``, a catalog concept), the Prometheus alert that mirrors it (``alert``, in
+:mod:`~diagnostics.core.diagnosis.alerts`) and the simulator scenario that shows it (``scenario``).
+These used to be unchecked strings spread over the code; ``tests/unit/test_rule_table.py`` walks
+the rows and checks every name resolves. Row order is the order findings are listed in before the
+engine sorts them (ties keep it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from diagnostics.core.diagnosis import rules
+from diagnostics.core.diagnosis.context import Context
+from diagnostics.core.diagnosis.logs import ERROR_PATTERNS
+from diagnostics.core.diagnosis.types import Finding
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rule and what it points to.
+
+    ``suppressed_by`` names rules whose problem findings explain this one's away (the engine then
+    drops this rule's warnings and criticals, keeping its info). ``needs_scrapes``: the rule only
+    runs when at least one scrape succeeded; with none, "this server does not expose X" would be a
+    false claim.
+    """
+
+    id: str
+    run: Callable[[Context], list[Finding]]
+    finding_ids: tuple[str, ...]
+    knobs: tuple[str, ...]
+    chart: str | None
+    alert: str | None
+    scenario: str | None
+    suppressed_by: tuple[str, ...] = ()
+    needs_scrapes: bool = True
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("startup_log", rules.startup_log,
+         tuple(dict.fromkeys(f"startup_{kind}" for kind, _ in ERROR_PATTERNS)),
+         tuple(dict.fromkeys(knob for _, knob in rules.STARTUP_ERRORS.values())),
+         chart=None, alert=None, scenario=None, needs_scrapes=False),
+    Rule("outage", rules.outage, ("server_down", "server_restarted"), ("down",),
+         chart=None, alert="VLLMServerDown", scenario=None, needs_scrapes=False),
+    Rule("stall", rules.stall, ("silent_stall", "absent:silent_stall"), ("stall",),
+         chart="generation_tokens", alert="VLLMSilentStall", scenario="stall"),
+    Rule("kv_pressure", rules.kv_pressure, ("kv_pressure", "absent:kv_pressure"), ("preemption",),
+         chart="kv_cache_usage_perc", alert="VLLMKVCachePressure", scenario="kv_pressure"),
+    Rule("queue_at_cap", rules.queue_at_cap, ("queue_at_cap", "absent:queueing"), ("queue-at-cap",),
+         chart="num_requests_waiting", alert="VLLMQueueAtConcurrencyCap", scenario="queue_at_cap"),
+    Rule("head_of_line", rules.head_of_line, ("head_of_line_blocking",), ("head-of-line",),
+         chart="inter_token_latency_seconds", alert=None, scenario="head_of_line"),
+    Rule("slow_decode", rules.slow_decode, ("slow_decode", "itl_budget_unset", "absent:decode_speed"),
+         ("decode-slow",), chart="inter_token_latency_seconds", alert="VLLMDecodeOverITLBudget",
+         scenario="slow_decode", suppressed_by=("head_of_line",)),
+    Rule("ttft", rules.ttft, ("ttft_queue_dominated", "ttft_prefill_dominated", "absent:ttft"),
+         ("ttft-queue", "ttft-prefill"), chart="time_to_first_token_seconds", alert="VLLMTTFTOverBudget",
+         scenario=None),
+    Rule("sharing_disabled", rules.sharing_disabled, ("sharing_disabled",), ("sharing-wasted",),
+         chart="kv_cache_usage_perc", alert="VLLMParallelSamplingWithoutPrefixCaching",
+         scenario="parallel_no_prefix"),
+    Rule("sharing_not_happening", rules.sharing_not_happening, ("sharing_not_happening",), ("sharing-wasted",),
+         chart="prefix_cache_hit_rate", alert=None, scenario=None),
+)

@@ -1,0 +1,143 @@
+"""The diagnosis's value types: what a rule reports (:class:`Finding`, :class:`Suggestion`), what it
+is judged against (:class:`Budgets`, :class:`Thresholds`) and what is known of the server's flags
+(:class:`KnownFlags`). Pure data, so the page, the CLI and the tests share one vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from diagnostics.core.catalog import CacheConfig
+from diagnostics.core.diagnosis.logs import LogFacts
+from diagnostics.core.info import ServerInfo
+
+Severity = Literal["critical", "warning", "info"]
+Direction = Literal["increase", "decrease", "set"]
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestion:
+    """One `vllm serve` flag change; ``value`` None when the right value cannot be derived."""
+
+    flag: str
+    direction: Direction
+    value: float | int | str | None
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"flag": self.flag, "direction": self.direction, "value": self.value, "why": self.why}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A symptom with its evidence, the changes that address it and what to check first."""
+
+    id: str
+    severity: Severity
+    title: str
+    evidence: dict[str, Any]
+    suggestions: tuple[Suggestion, ...] = ()
+    checks: tuple[str, ...] = ()
+    time_range: tuple[float, float] | None = None
+    knobs: tuple[str, ...] = ()
+    chart: str | None = None  # the concept the page draws beside the evidence
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "severity": self.severity,
+            "title": self.title,
+            "evidence": self.evidence,
+            "suggestions": [s.to_json() for s in self.suggestions],
+            "checks": list(self.checks),
+            "time_range": list(self.time_range) if self.time_range else None,
+            "knobs": list(self.knobs),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """The latency targets (p95, ms) the operator holds the server to; None = not judged."""
+
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Every number a rule compares against, in one place so table-driven tests can vary them."""
+
+    kv_full_perc: float = 0.95  # KV usage counted as "near full"
+    kv_low_perc: float = 0.80  # below this the KV cache is not what limits admission
+    queue_min_seconds: float = 3.0  # waiting at the cap for at least this long
+    stall_min_seconds: float = 5.0  # running > 0 and no new token for at least this long
+    stall_min_scrapes: int = 3
+    hol_spike_factor: float = 3.0  # interval ITL p90 over the window's median interval ITL p50
+    hol_spike_min_seconds: float = 0.010
+    hol_min_prefill_tokens: float = 512.0  # tokens prefilled (not from cache) in the spike interval
+    hol_min_spikes: int = 2
+    hol_coincide_fraction: float = 0.5
+    sharing_hit_rate_low: float = 0.05
+    episode_merge_seconds: float = 10.0
+    max_gpu_memory_utilization: float = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class KnownFlags:
+    """The server's current flags, as far as they are known (None = unknown)."""
+
+    model: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    cache_dtype: str | None = None
+    enable_prefix_caching: bool | None = None
+    block_size: int | None = None
+    tensor_parallel_size: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+
+    @classmethod
+    def known(
+        cls, config: CacheConfig | None, info: ServerInfo | None, log: LogFacts | None = None, **overrides: Any
+    ) -> KnownFlags:
+        """What the server says about itself (cache config, /v1/models), then its startup log's
+        non-default args; ``overrides`` (flags the operator typed in) win where not None."""
+        args = log.non_default_args if log is not None else {}
+        flags = cls(
+            model=(info.model if info else None) or _first_str(args.get("served_model_name")) or args.get("model"),
+            max_model_len=(info.max_model_len if info else None) or _int(args.get("max_model_len")),
+            max_num_seqs=_int(args.get("max_num_seqs")),
+            max_num_batched_tokens=_int(args.get("max_num_batched_tokens")),
+            gpu_memory_utilization=(config.gpu_memory_utilization if config else None)
+            or _float(args.get("gpu_memory_utilization")),
+            cache_dtype=(config.cache_dtype if config else None) or args.get("kv_cache_dtype"),
+            enable_prefix_caching=config.enable_prefix_caching if config else _bool(args.get("enable_prefix_caching")),
+            block_size=(config.block_size if config else None) or _int(args.get("block_size")),
+            tensor_parallel_size=_int(args.get("tensor_parallel_size")),
+            kv_cache_memory_bytes=(config.kv_cache_memory_bytes if config else None)
+            or _int(args.get("kv_cache_memory_bytes")),
+            num_gpu_blocks_override=(config.num_gpu_blocks_override if config else None)
+            or _int(args.get("num_gpu_blocks_override")),
+        )
+        return replace(flags, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _first_str(value: Any) -> str | None:
+    if isinstance(value, list) and value:
+        return str(value[0])
+    return str(value) if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
