@@ -194,6 +194,29 @@ def histogram_quantile(q: float, hist: Histogram | None) -> float | None:
     return lower + (upper - lower) * (rank - below) / in_bucket
 
 
+def count_above(hist: Histogram | None, threshold: float) -> float:
+    """Observations certainly above ``threshold``: those above the smallest bucket bound that is
+    ≥ ``threshold`` (a bucket cannot say where inside it an observation fell, so this is a lower
+    bound, never an interpolation). 0 for no histogram."""
+    if hist is None or not hist.cumulative:
+        return 0.0
+    total = hist.cumulative[-1]
+    at_or_below = next((c for b, c in zip(hist.bounds, hist.cumulative) if b >= threshold), total)
+    return max(0.0, total - at_or_below)
+
+
+def merge_histograms(hists: Sequence[Histogram | None]) -> Histogram | None:
+    """The bucket-wise sum of interval deltas of one layout (others are skipped); None when empty."""
+    present = [h for h in hists if h is not None]
+    if not present:
+        return None
+    merged = present[0]
+    for h in present[1:]:
+        if h.bounds == merged.bounds:
+            merged = merged.plus(h)
+    return merged
+
+
 def windowed_quantiles(
     scrapes: Sequence[Scrape], concept: str, qs: Sequence[float] = (0.5, 0.95, 0.99)
 ) -> dict[float, float | None] | None:

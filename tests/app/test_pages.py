@@ -172,7 +172,11 @@ def test_diagnose_page_on_a_real_recording_names_the_knob() -> None:
     text = " ".join(m.value for m in at.markdown)
     assert "KV\\-cache pressure" in text and "--max-num-seqs" in text
     codes = [c.value for c in at.code]
-    assert any("--gpu-memory-utilization 0.35" in c and c.startswith("- vllm serve tiny") for c in codes)
+    # The recording's server pinned its KV cache with --num-gpu-blocks-override 12, so the change
+    # that takes effect is a larger override (12 × 1.5), not a higher --gpu-memory-utilization.
+    assert any(c.startswith("- vllm serve tiny") and "\n+ vllm serve tiny" in c
+               and "--num-gpu-blocks-override 18" in c.split("\n+ ")[1] for c in codes), codes
+    assert not any("--gpu-memory-utilization 0.35" in c for c in codes)
     assert len(at.dataframe) >= 2  # evidence + the knob table
 
 

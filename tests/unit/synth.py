@@ -11,6 +11,8 @@ from diagnostics.core.derive import Scrape
 L = 'engine="0",model_name="m"'
 ITL_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 N_BOUNDS = (1, 2, 5, 10, 20)
+STEP_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # iteration_tokens, vLLM 0.32
+PROMPT_BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)  # request_prompt_tokens, max-model-len 2048
 
 
 def _hist(name: str, bounds: Sequence[float], counts: Sequence[float], total_sum: float) -> list[str]:
@@ -41,6 +43,9 @@ def text(
     n_counts: Sequence[float] | None = None,
     prefix_caching: bool = True,
     num_gpu_blocks: int = 1000,
+    step_counts: Sequence[float] | None = None,
+    prompt_len_counts: Sequence[float] | None = None,
+    pin: str = "",
 ) -> str:
     lines = [
         f"vllm:num_requests_running{{{L}}} {running}",
@@ -53,12 +58,16 @@ def text(
         f"vllm:prefix_cache_hits_total{{{L}}} {hits}",
         f"vllm:prefix_cache_queries_total{{{L}}} {queries}",
         f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching="{prefix_caching}",'
-        f'engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="{num_gpu_blocks}"}} 1.0',
+        f'engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="{num_gpu_blocks}"{pin}}} 1.0',
         "process_start_time_seconds 1000",
     ]
     lines += _hist("vllm:inter_token_latency_seconds", ITL_BOUNDS, itl_counts or [0] * 14, itl_sum)
     lines += _hist("vllm:request_params_n", N_BOUNDS, n_counts or [0] * 6, 0.0)
     lines += _hist("vllm:time_to_first_token_seconds", (0.1, 1.0), [0, 0, 0], 0.0)
+    if step_counts is not None:
+        lines += _hist("vllm:iteration_tokens_total", STEP_BOUNDS, step_counts, 0.0)
+    if prompt_len_counts is not None:
+        lines += _hist("vllm:request_prompt_tokens", PROMPT_BOUNDS, prompt_len_counts, 0.0)
     return "\n".join(lines) + "\n"
 
 

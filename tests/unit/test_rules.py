@@ -112,21 +112,22 @@ def test_an_ongoing_outage_is_critical_and_says_so() -> None:
     assert exit_code(diagnose(prepare(history))) == 2
 
 
-def _itl(baseline: float, spike: float) -> list[float]:
-    """ITL bucket counts: ``baseline`` observations ≤ 10 ms, ``spike`` in (0.3, 0.4]."""
+def _itl(baseline: float, spike: float, bucket: int = 8) -> list[float]:
+    """ITL bucket counts: ``baseline`` observations ≤ 10 ms, ``spike`` in bucket ``bucket``
+    (8: (0.3, 0.4] s; 5: (0.1, 0.15] s)."""
     counts = [0.0] * 14
     counts[0] = baseline
-    counts[8] = spike
+    counts[bucket] = spike
     return counts
 
 
-def hol_history(prefill_tokens: float, spikes: int = 3) -> list:  # type: ignore[type-arg]
+def hol_history(prefill_tokens: float, spikes: int = 3, bucket: int = 8) -> list:  # type: ignore[type-arg]
     history = []
     cum = [0.0] * 14
     prompt = 0.0
     for t in range(20):
         spike = t in (5, 10, 15)[:spikes]
-        add = _itl(100, 20 if spike else 0)
+        add = _itl(100, 20 if spike else 0, bucket)
         cum = [a + b for a, b in zip(cum, add)]
         prompt += prefill_tokens if spike else 10
         history.append(scrape(float(t), gen=100 * t, running=16, itl_counts=cum, itl_sum=t, prompt=prompt))
@@ -144,10 +145,21 @@ def test_head_of_line_needs_spikes_that_coincide_with_prefills(prefill_tokens: f
         assert "--max-num-seqs" not in [s.flag for s in f.suggestions]
 
 
-def test_head_of_line_halves_a_known_budget() -> None:
-    f = next(f for f in diagnose(prepare(hol_history(4000), max_num_batched_tokens=8192))
+@pytest.mark.parametrize(("prefill", "bucket", "budget", "expected"), [
+    # Baseline p50 = 5 ms (50th of 100 observations in [0, 10 ms]); threshold 100 ms (the floor).
+    # Spikes in (0.3, 0.4]: p99 = 0.3 + 0.1 × 18.8/20 = 0.394 s → 4000 × 0.095/0.389 = 977 → 512.
+    (4000, 8, 8192, 512),
+    # Spikes in (0.1, 0.15]: p99 = 0.1 + 0.05 × 18.8/20 = 0.147 s → 4000 × 0.095/0.142 = 2676 → 2048.
+    (4000, 5, None, 2048),
+    # The same with a known budget of 2048: steps are at most 2048 → 1370 → 1024 (= half of 2048).
+    (4000, 5, 2048, 1024),
+])
+def test_head_of_line_chunk_keeps_a_step_under_the_threshold(
+    prefill: float, bucket: int, budget: int | None, expected: int
+) -> None:
+    f = next(f for f in diagnose(prepare(hol_history(prefill, bucket=bucket), max_num_batched_tokens=budget))
              if f.id == "head_of_line_blocking")
-    assert f.suggestions[0].value == 4096
+    assert f.suggestions[0].value == expected
 
 
 @pytest.mark.parametrize(("budget_ms", "fires"), [(None, False), (50, False), (5, True)])
@@ -201,3 +213,136 @@ def test_thresholds_are_parameters() -> None:
     history = [scrape(float(t), gen=100 * t, running=4, waiting=10, usage=0.3) for t in range(3)]
     assert "queue_at_cap" not in ids(diagnose(prepare(history)))
     assert "queue_at_cap" in ids(diagnose(prepare(history, thresholds=Thresholds(queue_min_seconds=1.0))))
+
+
+# -- the statistics behind head-of-line blocking and slow decode (issue 9) -------------------------
+
+ITL_SLOTS = 14  # 13 ITL bounds + the +Inf bucket
+STEP_SLOTS = 14
+PROMPT_SLOTS = 12
+
+
+def _latency_history(per_interval: list[dict[str, object]]) -> list:  # type: ignore[type-arg]
+    """Cumulative scrapes from per-interval increments: ``itl`` (bucket counts), ``steps``
+    (iteration-token bucket counts), ``prompts`` (prompt-length bucket counts), ``running``."""
+    history = []
+    itl, steps, prompts = [0.0] * ITL_SLOTS, [0.0] * STEP_SLOTS, [0.0] * PROMPT_SLOTS
+    gen = 0.0
+    for t, iv in enumerate(per_interval):
+        itl = [a + b for a, b in zip(itl, iv.get("itl", [0.0] * ITL_SLOTS))]  # type: ignore[arg-type]
+        steps = [a + b for a, b in zip(steps, iv.get("steps", [0.0] * STEP_SLOTS))]  # type: ignore[arg-type]
+        prompts = [a + b for a, b in zip(prompts, iv.get("prompts", [0.0] * PROMPT_SLOTS))]  # type: ignore[arg-type]
+        gen += sum(iv.get("itl", [1.0]))  # type: ignore[arg-type]
+        history.append(scrape(float(t), gen=gen, running=iv.get("running", 16), itl_counts=itl, itl_sum=0.0,
+                              step_counts=steps, prompt_len_counts=prompts))
+    return history
+
+
+def _counts(slots: int, **at: float) -> list[float]:
+    counts = [0.0] * slots
+    for index, n in at.items():
+        counts[int(index[1:])] = n
+    return counts
+
+
+def test_a_healthy_server_with_20ms_gaps_over_a_5ms_median_is_not_head_of_line() -> None:
+    """Failure shape 1: short prompts, a few closed-loop clients; the tail is 4× the median but
+    20 ms is no incident (below the 100 ms floor), even with large steps and a long prompt."""
+    intervals = [{"itl": _counts(ITL_SLOTS, b0=200, b1=10 if t % 4 == 0 else 0), "running": 4,
+                  "steps": _counts(STEP_SLOTS, b8=1), "prompts": _counts(PROMPT_SLOTS, b9=1)}
+                 for t in range(20)]
+    assert "head_of_line_blocking" not in ids(diagnose(prepare(_latency_history(intervals))))
+
+
+def test_a_tail_that_only_p99_sees_next_to_long_prompts_is_head_of_line() -> None:
+    """Failure shape 2: p50 and p90 flat (95 % of gaps ≤ 10 ms), 3 % of gaps in (0.4, 0.5] s in the
+    intervals with a 1,500-token step and long prompts: head-of-line blocking."""
+    intervals = []
+    for t in range(24):
+        burst = t % 6 == 3
+        intervals.append({"itl": _counts(ITL_SLOTS, b0=485, b9=15) if burst else _counts(ITL_SLOTS, b0=500),
+                          "steps": _counts(STEP_SLOTS, b2=40, b10=1 if burst else 0),
+                          "prompts": _counts(PROMPT_SLOTS, b10=3 if burst else 0, b2=8), "running": 24})
+    findings = diagnose(prepare(_latency_history(intervals)))
+    f = next(f for f in findings if f.id == "head_of_line_blocking")
+    assert f.evidence["spike_intervals_next_to_large_prefill"] == 4
+    assert f.evidence["itl_window_p50_seconds"] < 0.01
+    assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--max-num-batched-tokens", "decrease")
+
+
+def test_many_short_prompts_and_a_median_rising_with_the_batch_is_slow_decode_not_head_of_line() -> None:
+    """Failure shape 3: 8 → 48 → 160 running with 8-token prompts (big steps from many short
+    prefills, no long prompt); ITL p50 rises 10 → 35 → 80 ms: slow decode, --max-num-seqs down."""
+    intervals = []
+    for t in range(30):
+        running, bucket = (8, 0) if t < 10 else (48, 2) if t < 20 else (160, 4)
+        arriving = t in (10, 20)
+        intervals.append({"itl": _counts(ITL_SLOTS, **{f"b{bucket}": 300}),
+                          "steps": _counts(STEP_SLOTS, b9=2 if arriving else 0, b7=20),
+                          "prompts": _counts(PROMPT_SLOTS, b3=running), "running": running})
+    findings = diagnose(prepare(_latency_history(intervals), budgets=Budgets(itl_ms=40)))
+    assert "head_of_line_blocking" not in ids(findings)
+    f = next(f for f in findings if f.id == "slow_decode")
+    assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--max-num-seqs", "decrease")
+    # p95 of {8 running: ≤ 10 ms} stays within 40 ms; adding 48 running (in (25, 50] ms) does not.
+    assert f.suggestions[0].value == 8
+    assert f.evidence["median_rises_with_batch"] is True
+
+
+@pytest.mark.parametrize(("pin", "flag", "value"), [
+    (',num_gpu_blocks_override="12"', "--num-gpu-blocks-override", 18),
+    (',kv_cache_memory_bytes="67108864"', "--kv-cache-memory-bytes", 100663296),  # 64 MiB × 1.5
+])
+def test_a_pinned_kv_cache_gets_its_pin_raised_never_the_utilization(pin: str, flag: str, value: int) -> None:
+    history = [scrape(float(t), gen=100 * t, running=10, waiting=5, usage=1.0, preempt=2 * t, pin=pin)
+               for t in range(20)]
+    f = next(f for f in diagnose(prepare(history)) if f.id == "kv_pressure")
+    assert (f.suggestions[0].flag, f.suggestions[0].direction, f.suggestions[0].value) == (flag, "increase", value)
+    assert "--gpu-memory-utilization" not in [s.flag for s in f.suggestions]
+
+
+@pytest.mark.parametrize(("flags", "suggestion", "ineffective"), [
+    (KnownFlags(kv_cache_memory_bytes=2**26), Suggestion("--gpu-memory-utilization", "increase", 0.95, ""), True),
+    (KnownFlags(num_gpu_blocks_override=12), Suggestion("--gpu-memory-utilization", "increase", 0.95, ""), True),
+    (KnownFlags(num_gpu_blocks_override=12), Suggestion("--kv-cache-dtype", "set", "fp8", ""), True),
+    (KnownFlags(kv_cache_memory_bytes=2**26), Suggestion("--kv-cache-dtype", "set", "fp8", ""), False),
+    (KnownFlags(kv_cache_memory_bytes=2**26), Suggestion("--gpu-memory-utilization", "decrease", 0.5, ""), False),
+    (KnownFlags(gpu_memory_utilization=0.9), Suggestion("--gpu-memory-utilization", "increase", 0.95, ""), False),
+    (KnownFlags(enable_prefix_caching=True), Suggestion("--enable-prefix-caching", "set", None, ""), True),
+    (KnownFlags(max_num_seqs=64), Suggestion("--max-num-seqs", "increase", 64, ""), True),
+    (KnownFlags(max_num_seqs=64), Suggestion("--max-num-seqs", "decrease", 32, ""), False),
+])
+def test_a_change_the_configuration_makes_ineffective_is_recognised(
+    flags: KnownFlags, suggestion: Suggestion, ineffective: bool
+) -> None:
+    assert (flags.ineffective(suggestion) is not None) == ineffective
+
+
+@pytest.mark.parametrize(("arg", "flag"), [("kv_cache_memory_bytes", "--kv-cache-memory-bytes"),
+                                          ("num_gpu_blocks_override", "--num-gpu-blocks-override")])
+def test_a_startup_log_of_a_pinned_server_never_says_raise_the_utilization(arg: str, flag: str) -> None:
+    log = (FIXTURES / "log-0.32.0-kv-too-small-for-max-model-len.txt").read_text()
+    log = log.replace("'num_gpu_blocks_override': 12", f"'{arg}': 16777216")
+    findings = diagnose(prepare([], log_text=log))
+    suggested = [(s.flag, s.direction) for f in findings for s in f.suggestions]
+    assert ("--gpu-memory-utilization", "increase") not in suggested
+    assert (flag, "increase") in suggested
+    assert suggested[0] == ("--max-model-len", "decrease")
+
+
+def test_runtime_max_model_len_is_offered_only_as_a_plain_trade_off() -> None:
+    history = [scrape(float(t), gen=100 * t, running=10, waiting=5, usage=1.0, preempt=2 * t) for t in range(20)]
+    for f in diagnose(prepare(history, max_model_len=32768)):
+        for s in f.suggestions:
+            if s.flag == "--max-model-len":
+                assert "frees nothing" in s.why and "trade-off" in s.why
+
+
+def test_no_queue_or_capacity_advice_while_running_requests_get_no_token() -> None:
+    """Failure shape 5: attached in the first seconds of a stall, running at the cap with a queue
+    (which looks like queue_at_cap): say "no token for N s, watching", advise nothing yet."""
+    history = [scrape(float(t), gen=500, running=8, waiting=12, usage=0.3) for t in range(5)]
+    findings = diagnose(prepare(history, max_num_seqs=8))
+    assert not [f.id for f in findings if f.suggestions]
+    assert "tokens_stopped" in ids(findings, "info")
+    assert "queue_at_cap" not in ids(findings)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from diagnostics.core.catalog import Histogram, Snapshot
-from diagnostics.core.derive import Scrape, counter_step, histogram_step, restarted
+from diagnostics.core.derive import Scrape, counter_step, histogram_step, merge_histograms, restarted
+from diagnostics.core.diagnosis.latency import ItlProfile, itl_profile
 from diagnostics.core.diagnosis.logs import LogFacts, parse_log
 from diagnostics.core.diagnosis.types import Budgets, KnownFlags, Thresholds
 from diagnostics.core.info import ServerInfo
@@ -30,6 +31,7 @@ class Interval:
     restarted: bool
     itl: Histogram | None
     prompt_len: Histogram | None  # delta of request_prompt_tokens
+    iteration_tokens: Histogram | None  # delta of iteration_tokens (tokens per engine step)
     prompt_tokens: float | None
     generation_tokens: float | None
     prefix_cache_hits: float | None
@@ -55,6 +57,18 @@ class Stall:
 
 
 @dataclass(frozen=True, slots=True)
+class TokensStopped:
+    """At the end of the window: requests running and no token for ``seconds`` (at least that long
+    when the window began inside it). While it lasts, no queue or capacity advice is given: with no
+    token moving, the cap or the KV cache is not what holds requests back."""
+
+    seconds: float
+    since: float
+    num_requests_running: float
+    began_before_window: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Context:
     """One diagnosis's inputs; ``ok`` holds the good scrapes with their snapshots."""
 
@@ -67,6 +81,8 @@ class Context:
     info: ServerInfo | None
     intervals: tuple[Interval, ...]
     stalls: tuple[Stall, ...]
+    tokens_stopped: TokensStopped | None
+    itl: ItlProfile
 
 
 def prepare(
@@ -88,6 +104,8 @@ def prepare(
     log = parse_log(log_text) if log_text else None
     config = ok[-1][1].cache_config if ok else None
     intervals = tuple(_interval(a, b) for a, b in zip(ok, ok[1:]))
+    rows = [(iv.start, iv.end, iv.itl, iv.iteration_tokens, iv.num_requests_running or 0.0,
+             max(0.0, (iv.prompt_tokens or 0.0) - (iv.prefix_cache_hits or 0.0))) for iv in intervals]
     return Context(
         history=scrapes,
         ok=ok,
@@ -98,6 +116,8 @@ def prepare(
         info=info,
         intervals=intervals,
         stalls=_stalls(intervals, thresholds),
+        tokens_stopped=_tokens_stopped(intervals, thresholds),
+        itl=itl_profile(rows, merge_histograms([iv.prompt_len for iv in intervals]), budgets, thresholds),
     )
 
 
@@ -134,6 +154,7 @@ def _interval(prev: tuple[Scrape, Snapshot], cur: tuple[Scrape, Snapshot]) -> In
         restarted=restart,
         itl=_histogram(a, b, "inter_token_latency_seconds"),
         prompt_len=_histogram(a, b, "request_prompt_tokens"),
+        iteration_tokens=_histogram(a, b, "iteration_tokens"),
         prompt_tokens=_counter(a, b, "prompt_tokens", restart),
         generation_tokens=_counter(a, b, "generation_tokens", restart),
         prefix_cache_hits=_counter(a, b, "prefix_cache_hits", restart),
@@ -169,3 +190,20 @@ def _stalls(intervals: Sequence[Interval], t: Thresholds) -> tuple[Stall, ...]:
             continue
         out.append(Stall(began, last, len(run), max(iv.num_requests_running or 0 for iv in run)))
     return tuple(out)
+
+
+def _tokens_stopped(intervals: Sequence[Interval], t: Thresholds) -> TokensStopped | None:
+    """The trailing run of intervals with requests running and no generation-token increase."""
+    run: list[Interval] = []
+    for iv in reversed(intervals):
+        if (iv.num_requests_running or 0) > 0 and iv.generation_tokens == 0:
+            run.append(iv)
+        else:
+            break
+    if not run:
+        return None
+    since, end = run[-1].start, run[0].end
+    if end - since < t.tokens_stopped_min_seconds:
+        return None
+    return TokensStopped(end - since, since, max(iv.num_requests_running or 0 for iv in run),
+                         began_before_window=len(run) == len(intervals))

@@ -27,6 +27,10 @@ def command_diff(flags: KnownFlags, suggestions: Sequence[Suggestion]) -> Comman
         current["--gpu-memory-utilization"] = f"{flags.gpu_memory_utilization:g}"
     if flags.cache_dtype and flags.cache_dtype != "auto":
         current["--kv-cache-dtype"] = flags.cache_dtype
+    if flags.num_gpu_blocks_override:
+        current["--num-gpu-blocks-override"] = str(flags.num_gpu_blocks_override)
+    if flags.kv_cache_memory_bytes:
+        current["--kv-cache-memory-bytes"] = str(flags.kv_cache_memory_bytes)
     if flags.tensor_parallel_size:
         current["--tensor-parallel-size"] = str(flags.tensor_parallel_size)
     if flags.enable_prefix_caching is False:

@@ -3,24 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.table import RULES
-from diagnostics.core.diagnosis.types import SEVERITY_ORDER, Finding
+from diagnostics.core.diagnosis.types import SEVERITY_ORDER, Finding, KnownFlags
 
 
 def diagnose(ctx: Context) -> list[Finding]:
     """Every rule of :data:`RULES` over the context; findings sorted by severity, then time.
 
-    A rule whose ``suppressed_by`` rule reported a problem loses its own warnings and criticals
-    (the other rule names the cause); its info findings, which say why it could not judge, stay.
+    While requests run and no token moves (``ctx.tokens_stopped``), rules marked
+    ``while_tokens_stopped=False`` are not run: their queue or capacity advice would be wrong. Every
+    suggestion is checked against the server's known flags; one the configuration makes ineffective
+    is dropped and the finding says why (see :meth:`KnownFlags.ineffective`).
     """
-    by_rule = {rule.id: rule.run(ctx) if ctx.ok or not rule.needs_scrapes else [] for rule in RULES}
     findings: list[Finding] = []
     for rule in RULES:
-        suppressed = any(f.severity != "info" for other in rule.suppressed_by for f in by_rule[other])
-        findings += [f for f in by_rule[rule.id] if not suppressed or f.severity == "info"]
+        if (rule.needs_scrapes and not ctx.ok) or (ctx.tokens_stopped is not None and not rule.while_tokens_stopped):
+            continue
+        findings += [_effective(f, ctx.flags) for f in rule.run(ctx)]
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.time_range[0] if f.time_range else 0))
+
+
+def _effective(finding: Finding, flags: KnownFlags) -> Finding:
+    kept, dropped = [], []
+    for s in finding.suggestions:
+        why = flags.ineffective(s)
+        if why is None:
+            kept.append(s)
+        else:
+            dropped.append(f"Not suggested: {s.flag} ({why}).")
+    if not dropped:
+        return finding
+    return replace(finding, suggestions=tuple(kept), checks=(*finding.checks, *dropped))
 
 
 def exit_code(findings: Sequence[Finding]) -> int:

@@ -11,12 +11,12 @@ time range.
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
 from diagnostics.core.catalog import Histogram
-from diagnostics.core.derive import histogram_delta, histogram_quantile
+from diagnostics.core.derive import histogram_delta, histogram_quantile, merge_histograms
 from diagnostics.core.diagnosis.context import Context, episodes
+from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -57,17 +57,6 @@ def _mean_from(hist: Histogram | None) -> float | None:
 
 def _max_gauge(ctx: Context, concept: str) -> float:
     return max((snap.value(concept) or 0) for _, snap in ctx.ok)
-
-
-def interval_itl(ctx: Context) -> list[tuple[float, float | None, float | None, float]]:
-    """Per interval with an ITL delta: (end ts, ITL p50, ITL p90, prefill tokens computed rather
-    than served from the prefix cache)."""
-    return [
-        (iv.end, histogram_quantile(0.5, iv.itl), histogram_quantile(0.9, iv.itl),
-         max(0.0, (iv.prompt_tokens or 0.0) - (iv.prefix_cache_hits or 0.0)))
-        for iv in ctx.intervals
-        if iv.itl is not None
-    ]
 
 
 # -- rules over the scrapes ------------------------------------------------------------------------
@@ -144,23 +133,44 @@ def stall(ctx: Context) -> list[Finding]:
     return findings
 
 
-def _suggest_more_kv(flags: KnownFlags, t: Thresholds, demand_tokens: float | None) -> list[Suggestion]:
-    out = []
+def more_kv_capacity(flags: KnownFlags, t: Thresholds) -> Suggestion | None:
+    """The change that gives the KV cache more room on *this* server: raise the pin when the KV size
+    is pinned (vLLM then ignores --gpu-memory-utilization for it), else the utilization."""
+    if flags.num_gpu_blocks_override:
+        blocks = flags.num_gpu_blocks_override
+        return Suggestion("--num-gpu-blocks-override", "increase", int(math.ceil(blocks * 1.5)),
+                          f"The KV cache is pinned at {blocks:,} blocks by --num-gpu-blocks-override: neither "
+                          "--gpu-memory-utilization nor --kv-cache-dtype changes it while the override is set "
+                          "(raise it within the device's memory, or drop it).")
+    if flags.kv_cache_memory_bytes:
+        size = flags.kv_cache_memory_bytes
+        value = int(math.ceil(size * 1.5 / 2**20)) * 2**20
+        return Suggestion("--kv-cache-memory-bytes", "increase", value,
+                          f"The KV cache is pinned at {size / 2**30:.2f} GiB by --kv-cache-memory-bytes, so "
+                          "--gpu-memory-utilization is ignored for its size (raise it within the device's "
+                          "memory, or drop it; on the CPU backend VLLM_CPU_KVCACHE_SPACE sets it too).")
     util = flags.gpu_memory_utilization
-    if util is None or util < t.max_gpu_memory_utilization:
-        target = min(t.max_gpu_memory_utilization, round((util or 0.9) + 0.05, 2))
-        out.append(Suggestion("--gpu-memory-utilization", "increase", target,
-                              "More of the GPU for the KV cache, if nothing else shares the GPU."))
+    if util is not None and util >= t.max_gpu_memory_utilization:
+        return None
+    return Suggestion("--gpu-memory-utilization", "increase",
+                      min(t.max_gpu_memory_utilization, round((util or 0.9) + 0.05, 2)),
+                      "More of the device for the KV cache, if nothing else shares it.")
+
+
+def _suggest_more_kv(flags: KnownFlags, t: Thresholds, demand_tokens: float | None) -> list[Suggestion]:
+    out = [s for s in (more_kv_capacity(flags, t),) if s is not None]
     if flags.cache_dtype in (None, "auto", "bfloat16", "float16", "half"):
         out.append(Suggestion("--kv-cache-dtype", "set", "fp8",
                               "Halves KV bytes per token, so twice the tokens fit; check accuracy on your evals."))
+    if not flags.num_gpu_blocks_override:
+        out.append(Suggestion("--tensor-parallel-size", "increase", None,
+                              "With more GPUs, each holds a slice of the weights and KV heads: more room for KV."))
     value = int(math.ceil(demand_tokens * 1.25 / 256) * 256) if demand_tokens else None
     if flags.max_model_len and value and value < flags.max_model_len:
         out.append(Suggestion("--max-model-len", "decrease", value,
-                              f"Requests here use about {demand_tokens:,.0f} tokens (p99 prompt + output); a "
-                              "shorter maximum lets the scheduler reserve less per sequence."))
-    out.append(Suggestion("--tensor-parallel-size", "increase", None,
-                          "With more GPUs, each holds a slice of the weights and KV heads: more room for KV."))
+                              f"A trade-off, not more room: V1 allocates KV blocks as tokens arrive, so a shorter "
+                              f"maximum frees nothing for the requests it still admits; it only turns away those "
+                              f"longer than {value:,} tokens (p99 prompt + output here: {demand_tokens:,.0f})."))
     return out
 
 
@@ -272,68 +282,98 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
 
 
 def head_of_line(ctx: Context) -> list[Finding]:
-    """ITL spikes that coincide with large prefills: lower the chunked-prefill budget, not the batch."""
-    t = ctx.thresholds
-    intervals = interval_itl(ctx)
-    if not intervals:
+    """A tail of ITL spikes next to large prefill steps, with long individual prompts and a flat
+    median: lower the chunked-prefill budget, not the batch (see :mod:`.latency`)."""
+    t, prof = ctx.thresholds, ctx.itl
+    if not prof.head_of_line or prof.baseline_p50_seconds is None:
         return []
-    p50s = [p50 for _, p50, _, _ in intervals if p50 is not None]
-    if len(p50s) < 3:
-        return []
-    baseline = statistics.median(p50s)
-    # The frontend updates the token counters and the ITL histogram asynchronously, so a prefill and
-    # the ITL spike it causes can land in neighbouring scrape intervals: a prefill counts for its
-    # own interval and the ones on either side.
-    spikes = []
-    for i, (ts, _, p90, _) in enumerate(intervals):
-        if p90 is not None and p90 > t.hol_spike_factor * baseline and p90 - baseline > t.hol_spike_min_seconds:
-            prefilled = max(intervals[j][3] for j in range(max(0, i - 1), min(len(intervals), i + 2)))
-            spikes.append((ts, p90, prefilled))
-    coinciding = [s for s in spikes if s[2] >= t.hol_min_prefill_tokens]
-    if len(coinciding) < t.hol_min_spikes or len(coinciding) < t.hol_coincide_fraction * len(spikes):
-        return []
-    worst = max(p90 for _, p90, _ in coinciding)
-    min_tokens = min(tokens for _, _, tokens in coinciding)
-    current = ctx.flags.max_num_batched_tokens
-    if current:
-        value = max(256, current // 2)
-    else:
-        # Unknown budget: chunks of a quarter of the smallest blocking prefill, as a power of two.
-        value = max(256, 2 ** int(math.log2(max(256.0, min_tokens / 4))))
+    blocking = prof.blocking
+    worst_p99 = max(iv.p99_seconds or 0.0 for iv in blocking)
+    share = max(prof.tail_share(iv) for iv in blocking)
+    window = merge_histograms([iv.itl for iv in prof.intervals])
+    p50, p99 = histogram_quantile(0.5, window), histogram_quantile(0.99, window)
+    big = [iv.big_steps for iv in prof.intervals if iv.big_steps is not None]
+    value, step_tokens = _chunk_budget(ctx)
+    why = (f"Steps of about {step_tokens:,.0f} tokens stretched decode gaps from "
+           f"{prof.baseline_p50_seconds * 1000:.0f} to {worst_p99 * 1000:.0f} ms; at that cost per token, chunks of "
+           f"{value:,} keep a step under {prof.spike_threshold_seconds * 1000:.0f} ms. A smaller chunked-prefill "
+           "budget splits a long prompt over several steps (vLLM docs: 'Smaller values (e.g., 2048) achieve "
+           "better ITL').")
     return [
         Finding(
             id="head_of_line_blocking",
             severity="warning",
-            title=f"Head-of-line blocking: ITL spikes to {worst * 1000:.0f} ms (baseline {baseline * 1000:.0f} ms) "
-            f"whenever large prompts are prefilled",
-            evidence={"itl_baseline_p50_seconds": baseline, "itl_spike_p90_seconds": worst,
-                      "spike_intervals": len(spikes), "spikes_with_prefill": len(coinciding),
-                      "min_prefill_tokens_in_spike": min_tokens, "window": _span(ctx)},
-            suggestions=(
-                Suggestion("--max-num-batched-tokens", "decrease", value,
-                           "A smaller chunked-prefill budget splits long prompts into smaller chunks, so each step "
-                           "that carries a prefill delays the decoding sequences less (vLLM: 'Smaller values (e.g., "
-                           "2048) achieve better ITL')."),
-            ),
+            title=f"Head-of-line blocking: ITL p99 up to {worst_p99 * 1000:.0f} ms next to long prefills "
+            f"(median {prof.baseline_p50_seconds * 1000:.0f} ms stays flat)",
+            evidence={
+                "itl_baseline_p50_seconds": prof.baseline_p50_seconds,
+                "itl_window_p50_seconds": p50,
+                "itl_window_p99_seconds": p99,
+                "itl_worst_interval_p99_seconds": worst_p99,
+                "spike_threshold_seconds": prof.spike_threshold_seconds,
+                "max_share_of_gaps_above_threshold": round(share, 4),
+                "spike_intervals": len(prof.spikes),
+                "spike_intervals_next_to_large_prefill": len(blocking),
+                "engine_steps_over_tokens": sum(big) if big else None,
+                "engine_step_tokens_threshold": t.hol_big_step_tokens,
+                "requests_with_prompt_over_tokens": prof.long_prompts,
+                "prompt_tokens_threshold": t.hol_long_prompt_tokens,
+                "window": _span(ctx),
+            },
+            suggestions=(Suggestion("--max-num-batched-tokens", "decrease", value, why),),
             checks=(
                 "This is the chunk size, not the batch size: do not lower --max-num-seqs for it.",
                 "Chunked prefill is on by default in V1; make sure it was not disabled.",
                 "A smaller chunk raises TTFT of the long prompts: check the TTFT budget after the change.",
             ),
-            time_range=(coinciding[0][0], coinciding[-1][0]),
+            time_range=(blocking[0].start, blocking[-1].end),
             knobs=("head-of-line",),
             chart="inter_token_latency_seconds",
         )
     ]
 
 
+def _chunk_budget(ctx: Context) -> tuple[int, float]:
+    """The --max-num-batched-tokens that keeps a prefill-carrying step under the spike threshold,
+    and the step size it is scaled from: a step of S tokens stretched the gap from the baseline B to
+    the worst interval p99 W, so a chunk of S·(T−B)/(W−B) tokens gives about T. A power of two, at
+    least 256, and at most half of the current budget when that is known."""
+    prof = ctx.itl
+    base = prof.baseline_p50_seconds or 0.0
+    worst = max(iv.p99_seconds or 0.0 for iv in prof.blocking)
+    steps = [_largest_step(iv) for iv in prof.blocking]
+    step_tokens = max(steps) if steps else ctx.thresholds.hol_big_step_tokens
+    current = ctx.flags.max_num_batched_tokens
+    if current:
+        step_tokens = min(step_tokens, current)
+    scaled = step_tokens * (prof.spike_threshold_seconds - base) / max(worst - base, 1e-9)
+    value = max(256, 2 ** int(math.log2(max(1.0, scaled))))
+    if current:
+        value = max(256, min(value, current // 2))
+    return value, step_tokens
+
+
+def _largest_step(iv: IntervalItl) -> float:
+    """The largest engine step of the interval in tokens: the upper bound of the highest populated
+    iteration_tokens bucket (its lower bound when that is +Inf), else the computed prefill tokens."""
+    hist = iv.steps
+    if hist is None:
+        return iv.computed_prefill_tokens
+    populated = [i for i, (c, prev) in enumerate(zip(hist.cumulative, (0.0, *hist.cumulative))) if c > prev]
+    if not populated:
+        return iv.computed_prefill_tokens
+    k = populated[-1]
+    return hist.bounds[k] if k < len(hist.bounds) - 1 else hist.bounds[max(0, k - 1)]
+
+
 def slow_decode(ctx: Context) -> list[Finding]:
-    """ITL over the budget: the batch is larger than the budget defends. (When head-of-line blocking
-    explains the ITL, the table suppresses this rule's warning.)"""
+    """ITL over the budget once the head-of-line tail is set aside: the batch is larger than the
+    budget defends (when the median rises with the running count), else the model is slow per step."""
     budget_ms = ctx.budgets.itl_ms
     if not _exposes(ctx, "inter_token_latency_seconds"):
         return [_absent("vllm:inter_token_latency_seconds", "decode_speed", "Decode latency cannot be measured.")]
-    p95 = histogram_quantile(0.95, histogram_delta(ctx.history, "inter_token_latency_seconds"))
+    prof = ctx.itl
+    p95 = histogram_quantile(0.95, merge_histograms([iv.itl for iv in prof.intervals]))
     if p95 is None:
         return []
     if budget_ms is None:
@@ -341,34 +381,41 @@ def slow_decode(ctx: Context) -> list[Finding]:
                         title=f"ITL p95 is {p95 * 1000:.0f} ms; no ITL budget given, so decode speed is not judged",
                         evidence={"itl_p95_seconds": p95, "window": _span(ctx)},
                         checks=("Pass --itl-budget-ms (CLI) or set the budget on the Diagnose page.",))]
-    if p95 * 1000 <= budget_ms:
+    rest_p95 = histogram_quantile(0.95, prof.outside_blocking())
+    if rest_p95 is None or rest_p95 * 1000 <= budget_ms:
         return []
-    # The defended batch size: the largest running level whose intervals kept ITL within budget.
-    within = [iv.num_requests_running or 0 for iv in ctx.intervals
-              if (p50 := histogram_quantile(0.5, iv.itl)) is not None and p50 * 1000 <= budget_ms]
-    defended = int(max(within)) if within and max(within) > 0 else None
-    peak = _max_gauge(ctx, "num_requests_running")
-    suggestions = [
-        Suggestion("--max-num-seqs", "decrease", defended,
-                   (f"ITL stayed within {budget_ms:g} ms up to {defended} running; it peaked at {peak:.0f}."
-                    if defended else "Fewer sequences per step make each decode step shorter.")),
-        Suggestion("--quantization", "set", None,
-                   "Smaller weights are read faster each step, if measured accuracy allows (a quantized checkpoint)."),
-    ]
+    defended = defended_batch(prof.intervals, budget_ms / 1000)
+    peak = max((iv.num_requests_running for iv in prof.intervals), default=0.0)
+    fewer = Suggestion(
+        "--max-num-seqs", "decrease", defended,
+        f"ITL p95 stayed within {budget_ms:g} ms up to {defended} running; it peaked at {peak:.0f}." if defended
+        else "Fewer sequences per step make each decode step shorter.")
+    quantize = Suggestion("--quantization", "set", None,
+                          "Smaller weights are read faster each step, if measured accuracy allows (a quantized "
+                          "checkpoint).")
+    batch_bound = prof.median_rises_with_batch or defended is not None
+    suggestions = [fewer, quantize] if batch_bound else [quantize, fewer]
     if ctx.flags.cache_dtype in (None, "auto", "bfloat16", "float16", "half"):
         suggestions.append(Suggestion("--kv-cache-dtype", "set", "fp8",
                                       "Fewer KV bytes read per decode step, if accuracy allows."))
+    low, high = prof.p50_at_low_running_seconds, prof.p50_at_high_running_seconds
+    rise = f"; median ITL {low * 1000:.0f} → {high * 1000:.0f} ms as the batch grew" if low and high else ""
     return [
         Finding(
             id="slow_decode",
             severity="warning",
-            title=f"Decode slower than the budget: ITL p95 {p95 * 1000:.0f} ms > {budget_ms:g} ms",
-            evidence={"itl_p95_seconds": p95, "itl_budget_ms": budget_ms, "peak_num_requests_running": peak,
-                      "defended_num_requests_running": defended, "window": _span(ctx)},
+            title=f"Decode slower than the budget: ITL p95 {rest_p95 * 1000:.0f} ms > {budget_ms:g} ms{rise}",
+            evidence={"itl_p95_seconds": rest_p95, "itl_p95_with_head_of_line_seconds": p95,
+                      "itl_budget_ms": budget_ms, "peak_num_requests_running": peak,
+                      "defended_num_requests_running": defended,
+                      "itl_p50_at_low_running_seconds": low, "itl_p50_at_high_running_seconds": high,
+                      "median_rises_with_batch": prof.median_rises_with_batch, "window": _span(ctx)},
             suggestions=tuple(suggestions),
             checks=(
                 "First --max-num-seqs against the batch size your ITL budget defends; only then weigh "
-                "quantization or fp8 KV, on measured numbers.",
+                "quantization or fp8 KV, on measured numbers." if batch_bound else
+                "ITL is over budget even at the smallest batch seen: the model is slow per step on this "
+                "hardware, so fewer sequences alone will not meet the budget.",
                 "Rule out a CPU-bound host (GPU utilisation low while ITL is high).",
             ),
             time_range=_whole(ctx),
@@ -376,6 +423,25 @@ def slow_decode(ctx: Context) -> list[Finding]:
             chart="inter_token_latency_seconds",
         )
     ]
+
+
+def tokens_stopped(ctx: Context) -> list[Finding]:
+    """Requests running and no token for a few seconds at the end of the window, not yet a stall:
+    say so, and (the table's ``while_tokens_stopped``) give no queue or capacity advice meanwhile."""
+    stopped = ctx.tokens_stopped
+    if stopped is None or any(s.end >= stopped.since + stopped.seconds for s in ctx.stalls):
+        return []
+    at_least = "at least " if stopped.began_before_window else ""
+    return [Finding(
+        id="tokens_stopped", severity="info",
+        title=f"No token for {at_least}{_fmt_s(stopped.seconds)} with {stopped.num_requests_running:.0f} running: "
+        f"watching (a stall is called after {_fmt_s(ctx.thresholds.stall_min_seconds)}); no queue or capacity "
+        "advice until tokens move",
+        evidence={"seconds_without_tokens": round(stopped.seconds, 3), "num_requests_running":
+                  stopped.num_requests_running, "began_before_window": stopped.began_before_window,
+                  "window": _span(ctx)},
+        time_range=(stopped.since, stopped.since + stopped.seconds), knobs=("stall",), chart="generation_tokens",
+    )]
 
 
 def ttft(ctx: Context) -> list[Finding]:
@@ -506,10 +572,8 @@ def startup_log(ctx: Context) -> list[Finding]:
     for error in log.errors:
         title, knob = STARTUP_ERRORS[error.kind]
         n = error.numbers
-        util = ctx.flags.gpu_memory_utilization
-        up = Suggestion("--gpu-memory-utilization", "increase",
-                        min(t.max_gpu_memory_utilization, round((util or 0.9) + 0.05, 2)),
-                        "Gives the KV cache more of the device.")
+        more = more_kv_capacity(ctx.flags, t)
+        up = [more] if more is not None else []
         suggestions: list[Suggestion]
         if error.kind == "kv_too_small":
             estimated = int(n["estimated_max_model_len"]) if "estimated_max_model_len" in n else None
@@ -517,11 +581,11 @@ def startup_log(ctx: Context) -> list[Finding]:
                 Suggestion("--max-model-len", "decrease", estimated,
                            f"vLLM estimates {estimated:,} tokens fit in the KV memory it has." if estimated
                            else "A shorter context needs fewer KV blocks per request."),
-                up,
+                *up,
                 Suggestion("--kv-cache-dtype", "set", "fp8", "Twice the tokens in the same KV memory."),
             ]
         elif error.kind in ("no_kv_memory", "autofit_impossible"):
-            suggestions = [up, Suggestion("--quantization", "set", None, "Smaller weights leave room for KV."),
+            suggestions = [*up, Suggestion("--quantization", "set", None, "Smaller weights leave room for KV."),
                            Suggestion("--tensor-parallel-size", "increase", None, "Spread the weights over GPUs.")]
         elif error.kind == "free_memory_low":
             free, total = n.get("free_gib"), n.get("total_gib")
@@ -541,7 +605,7 @@ def startup_log(ctx: Context) -> list[Finding]:
                                       "The sampler warm-up runs max-num-seqs dummy requests."),
                            Suggestion("--gpu-memory-utilization", "decrease", None, "Leave activation headroom.")]
         elif error.kind == "cuda_oom":
-            suggestions = [up, Suggestion("--quantization", "set", None, "If it still does not fit at ~0.95."),
+            suggestions = [*up, Suggestion("--quantization", "set", None, "If it still does not fit at ~0.95."),
                            Suggestion("--tensor-parallel-size", "increase", None, "Or spread the model.")]
         else:
             suggestions = []

@@ -23,8 +23,9 @@ from diagnostics.core.diagnosis.types import Finding
 class Rule:
     """One rule and what it points to.
 
-    ``suppressed_by`` names rules whose problem findings explain this one's away (the engine then
-    drops this rule's warnings and criticals, keeping its info). ``needs_scrapes``: the rule only
+    ``while_tokens_stopped``: False for rules whose advice (queue, capacity, latency) is wrong while
+    requests run and no token moves; the engine skips them then (see ``Context.tokens_stopped``).
+    ``needs_scrapes``: the rule only
     runs when at least one scrape succeeded; with none, "this server does not expose X" would be a
     false claim.
     """
@@ -36,7 +37,7 @@ class Rule:
     chart: str | None
     alert: str | None
     scenario: str | None
-    suppressed_by: tuple[str, ...] = ()
+    while_tokens_stopped: bool = True
     needs_scrapes: bool = True
 
 
@@ -49,18 +50,22 @@ RULES: tuple[Rule, ...] = (
          chart=None, alert="VLLMServerDown", scenario=None, needs_scrapes=False),
     Rule("stall", rules.stall, ("silent_stall", "absent:silent_stall"), ("stall",),
          chart="generation_tokens", alert="VLLMSilentStall", scenario="stall"),
+    Rule("tokens_stopped", rules.tokens_stopped, ("tokens_stopped",), ("stall",),
+         chart="generation_tokens", alert=None, scenario=None),
     Rule("kv_pressure", rules.kv_pressure, ("kv_pressure", "absent:kv_pressure"), ("preemption",),
-         chart="kv_cache_usage_perc", alert="VLLMKVCachePressure", scenario="kv_pressure"),
+         chart="kv_cache_usage_perc", alert="VLLMKVCachePressure", scenario="kv_pressure",
+         while_tokens_stopped=False),
     Rule("queue_at_cap", rules.queue_at_cap, ("queue_at_cap", "absent:queueing"), ("queue-at-cap",),
-         chart="num_requests_waiting", alert="VLLMQueueAtConcurrencyCap", scenario="queue_at_cap"),
+         chart="num_requests_waiting", alert="VLLMQueueAtConcurrencyCap", scenario="queue_at_cap",
+         while_tokens_stopped=False),
     Rule("head_of_line", rules.head_of_line, ("head_of_line_blocking",), ("head-of-line",),
-         chart="inter_token_latency_seconds", alert=None, scenario="head_of_line"),
+         chart="inter_token_latency_seconds", alert=None, scenario="head_of_line", while_tokens_stopped=False),
     Rule("slow_decode", rules.slow_decode, ("slow_decode", "itl_budget_unset", "absent:decode_speed"),
          ("decode-slow",), chart="inter_token_latency_seconds", alert="VLLMDecodeOverITLBudget",
-         scenario="slow_decode", suppressed_by=("head_of_line",)),
+         scenario="slow_decode", while_tokens_stopped=False),
     Rule("ttft", rules.ttft, ("ttft_queue_dominated", "ttft_prefill_dominated", "absent:ttft"),
          ("ttft-queue", "ttft-prefill"), chart="time_to_first_token_seconds", alert="VLLMTTFTOverBudget",
-         scenario=None),
+         scenario=None, while_tokens_stopped=False),
     Rule("sharing_disabled", rules.sharing_disabled, ("sharing_disabled",), ("sharing-wasted",),
          chart="kv_cache_usage_perc", alert="VLLMParallelSamplingWithoutPrefixCaching",
          scenario="parallel_no_prefix"),

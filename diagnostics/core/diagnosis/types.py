@@ -73,11 +73,16 @@ class Thresholds:
     queue_min_seconds: float = 3.0  # waiting at the cap for at least this long
     stall_min_seconds: float = 5.0  # running > 0 and no new token for at least this long
     stall_min_scrapes: int = 3
-    hol_spike_factor: float = 3.0  # interval ITL p90 over the window's median interval ITL p50
-    hol_spike_min_seconds: float = 0.010
-    hol_min_prefill_tokens: float = 512.0  # tokens prefilled (not from cache) in the spike interval
+    hol_spike_factor: float = 3.0  # an ITL observation this many times the window's median interval p50 ...
+    hol_spike_floor_seconds: float = 0.100  # ... and above this (or the ITL budget) is a spike a user notices
+    hol_tail_share: float = 0.01  # an interval whose share of spikes reaches this is a spike interval (its p99)
+    hol_big_step_tokens: float = 512.0  # an engine step with more tokens than this carries a large prefill
+    hol_long_prompt_tokens: float = 500.0  # a prompt longer than this is "long" (request_prompt_tokens)
     hol_min_spikes: int = 2
-    hol_coincide_fraction: float = 0.5
+    hol_coincide_fraction: float = 0.5  # of the spike intervals, this share must sit next to a large prefill
+    hol_min_intervals: int = 3
+    batch_p50_rise_factor: float = 2.0  # ITL p50 at the highest running third over the lowest: batch-bound
+    tokens_stopped_min_seconds: float = 2.0  # running > 0 and no token this long: no queue or capacity advice
     sharing_hit_rate_low: float = 0.05
     episode_merge_seconds: float = 10.0
     max_gpu_memory_utilization: float = 0.95
@@ -123,6 +128,30 @@ class KnownFlags:
             or _int(args.get("num_gpu_blocks_override")),
         )
         return replace(flags, **{k: v for k, v in overrides.items() if v is not None})
+
+    def ineffective(self, s: Suggestion) -> str | None:
+        """Why ``s`` would not take effect with these flags (None: it would, or it cannot be told).
+
+        vLLM sizes the KV cache from --gpu-memory-utilization only when neither
+        --kv-cache-memory-bytes nor --num-gpu-blocks-override pins it (vLLM's engine-args docs), and
+        a block-count pin also ignores bytes per token (so fp8 KV adds no blocks)."""
+        pin = ("--num-gpu-blocks-override" if self.num_gpu_blocks_override
+               else "--kv-cache-memory-bytes" if self.kv_cache_memory_bytes else None)
+        if s.flag == "--gpu-memory-utilization" and s.direction == "increase" and pin:
+            return f"the KV cache size ignores it while {pin} is set"
+        if s.flag == "--kv-cache-dtype" and self.num_gpu_blocks_override:
+            return "the number of KV blocks is pinned by --num-gpu-blocks-override"
+        if s.flag == "--enable-prefix-caching" and self.enable_prefix_caching:
+            return "prefix caching is already on"
+        if s.flag == "--kv-cache-dtype" and s.value is not None and s.value == self.cache_dtype:
+            return f"the KV cache is already {self.cache_dtype}"
+        current = {"--max-num-seqs": self.max_num_seqs, "--max-num-batched-tokens": self.max_num_batched_tokens,
+                   "--max-model-len": self.max_model_len}.get(s.flag)
+        if current is not None and isinstance(s.value, (int, float)) and (
+            (s.direction == "increase" and s.value <= current) or (s.direction == "decrease" and s.value >= current)
+        ):
+            return f"it is already {current}"
+        return None
 
 
 def _first_str(value: Any) -> str | None:

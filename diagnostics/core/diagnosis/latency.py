@@ -1,0 +1,140 @@
+"""Where the inter-token latency symptom lives, computed once per diagnosis from the interval deltas.
+
+Two different faults raise ITL and want opposite knobs:
+
+- **head-of-line blocking**: a long prompt prefilled in one engine step delays every decoding
+  sequence for that step. The median stays flat; the *tail* moves (one gap per decoder per long
+  prefill), so it is judged on the share of an interval's ITL observations above a threshold,
+  counted from bucket deltas (never interpolated), and it needs long *individual* prompts (the
+  ``request_prompt_tokens`` histogram) and large engine steps (``iteration_tokens``) beside it;
+- **a batch too large for the budget**: every decode step is slower because more sequences share
+  it. The *median* rises with the running count.
+
+A spike must also matter in absolute terms: above the ITL budget when one is given, and above a
+floor a user notices (``Thresholds.hol_spike_floor_seconds``) when none is.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from diagnostics.core.catalog import Histogram
+from diagnostics.core.derive import count_above, histogram_quantile, merge_histograms
+from diagnostics.core.diagnosis.types import Budgets, Thresholds
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalItl:
+    """One scrape interval's ITL observations and what the engine did in it."""
+
+    start: float
+    end: float
+    itl: Histogram
+    p50_seconds: float | None
+    p99_seconds: float | None
+    num_requests_running: float
+    steps: Histogram | None  # tokens per engine step (iteration_tokens delta; None: not exposed)
+    big_steps: float | None  # engine steps with more than hol_big_step_tokens tokens (None: not exposed)
+    computed_prefill_tokens: float  # prompt tokens not served from the prefix cache
+
+
+@dataclass(frozen=True, slots=True)
+class ItlProfile:
+    """The window's ITL, split into the tail that coincides with long prefills and the rest."""
+
+    intervals: tuple[IntervalItl, ...]
+    baseline_p50_seconds: float | None  # median of the intervals' p50
+    spike_threshold_seconds: float
+    spikes: tuple[IntervalItl, ...]  # intervals whose tail share is above the threshold
+    blocking: tuple[IntervalItl, ...]  # spikes next to a large prefill step
+    long_prompts: float | None  # requests in the window with prompts above hol_long_prompt_tokens
+    median_rises_with_batch: bool
+    p50_at_low_running_seconds: float | None
+    p50_at_high_running_seconds: float | None
+
+    def tail_share(self, iv: IntervalItl) -> float:
+        return count_above(iv.itl, self.spike_threshold_seconds) / iv.itl.count if iv.itl.count else 0.0
+
+    @property
+    def head_of_line(self) -> bool:
+        """Long individual prompts, a flat median, and spikes that sit next to large prefills."""
+        return bool(self.blocking) and (self.long_prompts is None or self.long_prompts > 0) \
+            and not self.median_rises_with_batch
+
+    def outside_blocking(self) -> Histogram | None:
+        """The window's ITL without the intervals head-of-line blocking explains (when it does)."""
+        skip = {iv.end for iv in self.blocking} if self.head_of_line else set()
+        return merge_histograms([iv.itl for iv in self.intervals if iv.end not in skip])
+
+
+def itl_profile(
+    rows: Sequence[tuple[float, float, Histogram | None, Histogram | None, float, float]],
+    prompt_len: Histogram | None,
+    budgets: Budgets,
+    t: Thresholds,
+) -> ItlProfile:
+    """``rows`` per interval: (start, end, ITL delta, iteration-tokens delta, running, computed
+    prefill tokens); ``prompt_len`` the window's ``request_prompt_tokens`` delta."""
+    intervals = tuple(
+        IntervalItl(start, end, itl, histogram_quantile(0.5, itl), histogram_quantile(0.99, itl), running, steps,
+                    count_above(steps, t.hol_big_step_tokens) if steps is not None else None, prefill)
+        for start, end, itl, steps, running, prefill in rows
+        if itl is not None and itl.count > 0
+    )
+    p50s = [iv.p50_seconds for iv in intervals if iv.p50_seconds is not None]
+    baseline = statistics.median(p50s) if len(p50s) >= t.hol_min_intervals else None
+    floor = budgets.itl_ms / 1000 if budgets.itl_ms is not None else t.hol_spike_floor_seconds
+    threshold = max(floor, t.hol_spike_factor * baseline) if baseline is not None else floor
+    spikes, blocking = [], []
+    if baseline is not None:
+        for i, iv in enumerate(intervals):
+            if count_above(iv.itl, threshold) < max(1.0, t.hol_tail_share * iv.itl.count):
+                continue
+            spikes.append(iv)
+            # The frontend updates the histograms asynchronously, so a large step and the gaps it
+            # causes can land in neighbouring scrape intervals: look one interval either side.
+            near = intervals[max(0, i - 1):i + 2]
+            if any(_large_prefill(n, t) for n in near):
+                blocking.append(iv)
+    if len(blocking) < t.hol_min_spikes or len(blocking) < t.hol_coincide_fraction * len(spikes):
+        blocking = []
+    low, high = _p50_by_running(intervals)
+    rises = low is not None and high is not None and high >= t.batch_p50_rise_factor * low
+    long_prompts = count_above(prompt_len, t.hol_long_prompt_tokens) if prompt_len is not None else None
+    return ItlProfile(intervals, baseline, threshold, tuple(spikes), tuple(blocking), long_prompts, rises, low, high)
+
+
+def _large_prefill(iv: IntervalItl, t: Thresholds) -> bool:
+    if iv.big_steps is not None:
+        return iv.big_steps > 0
+    return iv.computed_prefill_tokens >= t.hol_big_step_tokens
+
+
+def _p50_by_running(intervals: Sequence[IntervalItl]) -> tuple[float | None, float | None]:
+    """Median ITL p50 of the intervals in the lowest and the highest third of the running count,
+    when the running count spans at least a factor of two (else the batch did not change)."""
+    rows = sorted((iv.num_requests_running, iv.p50_seconds) for iv in intervals
+                  if iv.p50_seconds is not None and iv.num_requests_running > 0)
+    if len(rows) < 6:
+        return None, None
+    third = len(rows) // 3
+    low, high = rows[:third], rows[-third:]
+    if statistics.median(r for r, _ in high) < 2 * statistics.median(r for r, _ in low):
+        return None, None
+    return statistics.median(p for _, p in low), statistics.median(p for _, p in high)
+
+
+def defended_batch(intervals: Sequence[IntervalItl], budget_seconds: float) -> int | None:
+    """The largest running count whose intervals — together with every interval at a smaller
+    count — kept ITL p95 within the budget; None when even the smallest did not."""
+    levels = sorted({int(iv.num_requests_running) for iv in intervals if iv.num_requests_running > 0})
+    defended = None
+    for level in levels:
+        merged = merge_histograms([iv.itl for iv in intervals if 0 < iv.num_requests_running <= level])
+        p95 = histogram_quantile(0.95, merged)
+        if p95 is None or p95 > budget_seconds:
+            break
+        defended = level
+    return defended
