@@ -1,9 +1,15 @@
-"""A bounded load generator for the integration tests: N completion requests, all at once."""
+"""Bounded load generators for the integration tests and the incident recorder: N completion
+requests at once, bursts and closed-loop clients; streaming requests log the token gaps the client
+saw (the independent evidence of head-of-line blocking or a slow decode)."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -44,3 +50,89 @@ def in_background(url: str, num_requests: int, **kw: object) -> tuple[threading.
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, results
+
+
+@dataclass
+class Clients:
+    """What the load generator saw: per-token gaps of streaming requests and every status code."""
+
+    gaps_s: list[tuple[float, float]] = field(default_factory=list)  # (wall time of the token, gap)
+    statuses: list[int] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def max_gap(self, start: float, end: float) -> float:
+        """The largest token gap any streaming client saw with its token arriving in [start, end]."""
+        with self.lock:
+            return max((gap for ts, gap in self.gaps_s if start <= ts <= end), default=0.0)
+
+    def summary(self) -> dict[str, Any]:
+        gaps = sorted(g for _, g in self.gaps_s)
+
+        def q(p: float) -> float | None:
+            return round(gaps[min(len(gaps) - 1, int(p * len(gaps)))], 4) if gaps else None
+
+        return {"requests": len(self.statuses), "ok": sum(1 for s in self.statuses if s == 200),
+                "failed": sum(1 for s in self.statuses if s != 200), "token_gaps": len(gaps),
+                "gap_p50_s": q(0.5), "gap_p90_s": q(0.9), "gap_p99_s": q(0.99), "gap_max_s": q(1.0)}
+
+
+def request(url: str, clients: Clients, *, prompt: str, max_tokens: int, n: int = 1, stream: bool = False,
+            timeout: float = 300.0) -> None:
+    """One completion (``ignore_eos``: exactly ``max_tokens``); streaming requests log token gaps."""
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "n": n, "ignore_eos": True,
+            "stream": stream}
+    status = -1
+    gaps: list[tuple[float, float]] = []
+    try:
+        with httpx.Client(base_url=url, timeout=timeout) as client:
+            if not stream:
+                status = client.post("/v1/completions", json=body).status_code
+            else:
+                with client.stream("POST", "/v1/completions", json=body) as response:
+                    status = response.status_code
+                    last: float | None = None
+                    for line in response.iter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        now = time.monotonic()
+                        if last is not None:
+                            gaps.append((time.time(), now - last))
+                        last = now
+    except httpx.HTTPError:
+        status = -1
+    with clients.lock:
+        clients.statuses.append(status)
+        clients.gaps_s.extend(gaps)
+
+
+def burst(url: str, clients: Clients, count: int, **kw: Any) -> threading.Thread:
+    """``count`` requests at once, in the background; join the thread to wait for them."""
+
+    def run() -> None:
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            for _ in range(count):
+                pool.submit(request, url, clients, **kw)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def closed_loop(url: str, clients: Clients, num_clients: int, seconds: float, make: Callable[[], dict[str, Any]],
+                ) -> threading.Thread:
+    """``num_clients`` clients, each sending its next request when the last one answered, until
+    ``seconds`` have passed (requests in flight then finish)."""
+    deadline = time.monotonic() + seconds
+
+    def client() -> None:
+        while time.monotonic() < deadline:
+            request(url, clients, **make())
+
+    def run() -> None:
+        with ThreadPoolExecutor(max_workers=num_clients) as pool:
+            for _ in range(num_clients):
+                pool.submit(client)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread

@@ -20,9 +20,7 @@ import pytest
 
 from diagnostics.collector import Collector
 from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.diagnosis import prepare
-from diagnostics.core.diagnosis.rules import interval_itl
-from diagnostics.recording import RecordingWriter, read_recording
+from diagnostics.recording import RecordingWriter
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
 from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_model
@@ -109,7 +107,11 @@ def test_tiny_block_budget_says_more_kv_never_more_seqs(vllm_tiny: VllmServer, t
     f = by_id(findings, "kv_pressure")
     assert code >= 1 and f["evidence"]["preemptions"] > 0 and f["evidence"]["max_kv_cache_usage_perc"] >= 0.95
     flags = advice(f)
-    assert ("--gpu-memory-utilization", "increase") in flags and ("--kv-cache-dtype", "set") in flags
+    # The tiny server pins its KV cache with --num-gpu-blocks-override 12: the change that takes
+    # effect is a larger override; --gpu-memory-utilization and fp8 KV would change nothing.
+    primary = f["suggestions"][0]
+    assert (primary["flag"], primary["direction"], primary["value"]) == ("--num-gpu-blocks-override", "increase", 18)
+    assert "--gpu-memory-utilization" not in {flag for flag, _ in flags} and ("--kv-cache-dtype", "set") not in flags
     assert ("--max-num-seqs", "decrease") in flags and ("--max-num-seqs", "increase") not in flags
     assert "queue_at_cap" not in [x["id"] for x in findings]
 
@@ -128,32 +130,41 @@ def test_n8_without_prefix_caching_says_enable_it(condition_servers: dict[str, V
 def test_long_prefills_stalling_decodes_say_lower_the_chunk(
     condition_servers: dict[str, VllmServer], tmp_path: Path
 ) -> None:
+    """16 streaming decoders and a 1,900-word prompt every 1.2 s on the 6-layer model. Whether the
+    decoders really stalled is judged from the clients' own token gaps (not from the diagnosis);
+    a run where they did not is repeated, and three such runs fail the test."""
     server = condition_servers["small"]
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    seen: list[float] = []
+    for attempt in range(3):
+        clients = load.Clients()
+        sent: list[float] = []
 
-    def mixed() -> None:
-        decoders, _ = load.in_background(server.url, 16, max_tokens=900)
-        time.sleep(1.5)
-        for _ in range(10):
-            prompt = " ".join(random.choice(WORDS) for _ in range(1900))
-            load.in_background(server.url, 1, prompt=prompt, max_tokens=4)
-            time.sleep(1.2)
-        decoders.join(120)
+        def mixed(clients: load.Clients = clients, sent: list[float] = sent) -> None:
+            decoders = load.burst(server.url, clients, 16, prompt="decode " * 8, max_tokens=900, stream=True)
+            time.sleep(2.0)
+            for _ in range(10):
+                sent.append(time.time())
+                load.burst(server.url, clients, 1, prompt=" ".join(rng.choice(WORDS) for _ in range(1900)),
+                           max_tokens=4)
+                time.sleep(1.2)
+            decoders.join(240)
 
-    path = record(server, tmp_path / "hol.jsonl.gz", mixed)
+        path = record(server, tmp_path / f"hol-{attempt}.jsonl.gz", mixed)
+        seen = [round(clients.max_gap(t, t + 2.0), 3) for t in sent]
+        if sum(gap >= 0.3 for gap in seen) >= 2:
+            break
+    else:
+        pytest.fail(f"in 3 runs the decoders never saw a ≥ 0.3 s token gap after a long prompt: {seen}")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(path, ARTIFACTS / "recording-head-of-line.jsonl.gz")  # kept to study when this fails
-    # Whether this run's server really stalled its decodes: on this 2-core machine the same
-    # workload sometimes prefills without any visible ITL spike (seen only inside the full module
-    # run). The rule is judged on runs that show the condition; the others are reported, not hidden.
-    intervals = interval_itl(prepare(read_recording(path).scrapes()))
-    near_prefill = [p90 for i, (_, _, p90, _) in enumerate(intervals) if p90 is not None
-                    and max(iv[3] for iv in intervals[max(0, i - 1):i + 2]) >= 512]
-    if sum(1 for p90 in near_prefill if p90 >= 0.1) < 2:
-        pytest.skip(f"the server showed no ITL spike near its prefills this run (p90s {near_prefill})")
+    shutil.copy(path, ARTIFACTS / "recording-head-of-line.jsonl.gz")
     code, findings = diagnose_cli("--replay", str(path))
     f = by_id(findings, "head_of_line_blocking")
-    assert code == 1 and advice(f) == {("--max-num-batched-tokens", "decrease")}
-    assert f["evidence"]["itl_spike_p90_seconds"] > 3 * f["evidence"]["itl_baseline_p50_seconds"]
+    assert code == 1 and advice(f) == {("--max-num-batched-tokens", "decrease")}, (seen, findings)
+    assert f["evidence"]["itl_worst_interval_p99_seconds"] >= 0.1
+    assert "slow_decode" not in [x["id"] for x in findings]
 
 
 def test_sigstop_of_the_engine_is_a_critical_silent_stall(

@@ -346,3 +346,20 @@ def test_no_queue_or_capacity_advice_while_running_requests_get_no_token() -> No
     assert not [f.id for f in findings if f.suggestions]
     assert "tokens_stopped" in ids(findings, "info")
     assert "queue_at_cap" not in ids(findings)
+
+
+@pytest.mark.parametrize(("resumed_with_large_step", "stall"), [(True, False), (False, True)])
+def test_seconds_without_tokens_that_end_in_one_large_step_are_a_long_prefill_not_a_stall(
+    resumed_with_large_step: bool, stall: bool
+) -> None:
+    """vLLM updates its counters when a step ends: a 1,900-token prefill that takes 6 s on a slow
+    device looks like 6 s without tokens, then a 2,048-token step. A SIGSTOP looks the same but
+    resumes with ordinary decode steps."""
+    history = []
+    steps = [0.0] * STEP_SLOTS
+    for t in range(12):
+        if t == 9:
+            steps[9 if resumed_with_large_step else 1] += 1  # one step in (1024, 2048] tokens, or ≤ 8
+        gen = 100 * min(t, 2) + (100 if t >= 9 else 0)
+        history.append(scrape(float(t), gen=gen, running=16, step_counts=steps))
+    assert ("silent_stall" in ids(diagnose(prepare(history)))) == stall

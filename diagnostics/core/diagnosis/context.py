@@ -15,7 +15,7 @@ from typing import Any
 
 from diagnostics.core.catalog import Histogram, Snapshot
 from diagnostics.core.derive import Scrape, counter_step, histogram_step, merge_histograms, restarted
-from diagnostics.core.diagnosis.latency import ItlProfile, itl_profile
+from diagnostics.core.diagnosis.latency import ItlProfile, itl_profile, large_step
 from diagnostics.core.diagnosis.logs import LogFacts, parse_log
 from diagnostics.core.diagnosis.types import Budgets, KnownFlags, Thresholds
 from diagnostics.core.info import ServerInfo
@@ -104,8 +104,8 @@ def prepare(
     log = parse_log(log_text) if log_text else None
     config = ok[-1][1].cache_config if ok else None
     intervals = tuple(_interval(a, b) for a, b in zip(ok, ok[1:]))
-    rows = [(iv.start, iv.end, iv.itl, iv.iteration_tokens, iv.num_requests_running or 0.0,
-             max(0.0, (iv.prompt_tokens or 0.0) - (iv.prefix_cache_hits or 0.0))) for iv in intervals]
+    rows = [(iv.start, iv.end, iv.itl, iv.iteration_tokens, iv.num_requests_running or 0.0, _computed_prefill(iv))
+            for iv in intervals]
     return Context(
         history=scrapes,
         ok=ok,
@@ -180,16 +180,30 @@ def _histogram(a: Snapshot, b: Snapshot, concept: str) -> Histogram | None:
 
 def _stalls(intervals: Sequence[Interval], t: Thresholds) -> tuple[Stall, ...]:
     """Runs of intervals with requests running and no generation-token increase, kept when they
-    last ``stall_min_seconds`` and ``stall_min_scrapes``."""
+    last ``stall_min_seconds`` and ``stall_min_scrapes``.
+
+    A run that ends in an interval carrying a large engine step was one long prefill step, not a
+    stall: vLLM updates its counters when a step finishes, so a step of thousands of prompt tokens
+    on a slow device looks like seconds without tokens, then resumes. That is head-of-line blocking
+    (the latency profile sees it), and "dump the stacks and restart" would be the wrong advice."""
     flagged = [(iv, (iv.num_requests_running or 0) > 0 and iv.generation_tokens == 0) for iv in intervals]
+    after = {a.end: b for a, b in zip(intervals, intervals[1:])}
     out = []
     for first, last in episodes([(iv.end, flag) for iv, flag in flagged]):
         run = [iv for iv, flag in flagged if flag and first <= iv.end <= last]
         began = run[0].start
         if last - began < t.stall_min_seconds or len(run) < t.stall_min_scrapes:
             continue
+        resumed = after.get(last)
+        if resumed is not None and large_step(resumed.iteration_tokens, _computed_prefill(resumed), t):
+            continue
         out.append(Stall(began, last, len(run), max(iv.num_requests_running or 0 for iv in run)))
     return tuple(out)
+
+
+def _computed_prefill(iv: Interval) -> float:
+    """Prompt tokens the engine computed in the interval (not served from the prefix cache)."""
+    return max(0.0, (iv.prompt_tokens or 0.0) - (iv.prefix_cache_hits or 0.0))
 
 
 def _tokens_stopped(intervals: Sequence[Interval], t: Thresholds) -> TokensStopped | None:

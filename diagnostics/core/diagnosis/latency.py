@@ -45,7 +45,7 @@ class ItlProfile:
     """The window's ITL, split into the tail that coincides with long prefills and the rest."""
 
     intervals: tuple[IntervalItl, ...]
-    baseline_p50_seconds: float | None  # median of the intervals' p50
+    baseline_p50_seconds: float | None  # the window's median ITL (all its observations)
     spike_threshold_seconds: float
     spikes: tuple[IntervalItl, ...]  # intervals whose tail share is above the threshold
     blocking: tuple[IntervalItl, ...]  # spikes next to a large prefill step
@@ -62,6 +62,10 @@ class ItlProfile:
         """Long individual prompts, a flat median, and spikes that sit next to large prefills."""
         return bool(self.blocking) and (self.long_prompts is None or self.long_prompts > 0) \
             and not self.median_rises_with_batch
+
+    def blocked(self, ts: float) -> bool:
+        """Whether ``ts`` falls in an interval that head-of-line blocking explains."""
+        return self.head_of_line and any(iv.start <= ts <= iv.end for iv in self.blocking)
 
     def outside_blocking(self) -> Histogram | None:
         """The window's ITL without the intervals head-of-line blocking explains (when it does)."""
@@ -83,8 +87,10 @@ def itl_profile(
         for start, end, itl, steps, running, prefill in rows
         if itl is not None and itl.count > 0
     )
-    p50s = [iv.p50_seconds for iv in intervals if iv.p50_seconds is not None]
-    baseline = statistics.median(p50s) if len(p50s) >= t.hol_min_intervals else None
+    # The median over every observation, not the median of interval medians: a long prefill step
+    # can fill whole scrape intervals with a few huge gaps while ordinary intervals hold hundreds.
+    baseline = histogram_quantile(0.5, merge_histograms([iv.itl for iv in intervals])) \
+        if len(intervals) >= t.hol_min_intervals else None
     floor = budgets.itl_ms / 1000 if budgets.itl_ms is not None else t.hol_spike_floor_seconds
     threshold = max(floor, t.hol_spike_factor * baseline) if baseline is not None else floor
     spikes, blocking = [], []
@@ -96,20 +102,25 @@ def itl_profile(
             # The frontend updates the histograms asynchronously, so a large step and the gaps it
             # causes can land in neighbouring scrape intervals: look one interval either side.
             near = intervals[max(0, i - 1):i + 2]
-            if any(_large_prefill(n, t) for n in near):
+            if any(large_step(n.steps, n.computed_prefill_tokens, t) for n in near):
                 blocking.append(iv)
+    # The batch effect is judged on the intervals long prefills do not explain: an interval filled
+    # by one long step has a huge median of its own, whatever the batch.
+    explained = {iv.end for iv in blocking}
+    low, high = _p50_by_running([iv for iv in intervals if iv.end not in explained])
     if len(blocking) < t.hol_min_spikes or len(blocking) < t.hol_coincide_fraction * len(spikes):
         blocking = []
-    low, high = _p50_by_running(intervals)
     rises = low is not None and high is not None and high >= t.batch_p50_rise_factor * low
     long_prompts = count_above(prompt_len, t.hol_long_prompt_tokens) if prompt_len is not None else None
     return ItlProfile(intervals, baseline, threshold, tuple(spikes), tuple(blocking), long_prompts, rises, low, high)
 
 
-def _large_prefill(iv: IntervalItl, t: Thresholds) -> bool:
-    if iv.big_steps is not None:
-        return iv.big_steps > 0
-    return iv.computed_prefill_tokens >= t.hol_big_step_tokens
+def large_step(steps: Histogram | None, computed_prefill_tokens: float, t: Thresholds) -> bool:
+    """Whether an interval carried an engine step of more than ``hol_big_step_tokens`` tokens
+    (iteration_tokens; before vLLM exported it, the prompt tokens computed in the interval)."""
+    if steps is not None:
+        return count_above(steps, t.hol_big_step_tokens) > 0
+    return computed_prefill_tokens >= t.hol_big_step_tokens
 
 
 def _p50_by_running(intervals: Sequence[IntervalItl]) -> tuple[float | None, float | None]:

@@ -232,7 +232,8 @@ def kv_pressure(ctx: Context) -> list[Finding]:
 def queue_at_cap(ctx: Context) -> list[Finding]:
     """Waiting requests while running sits at its cap and the KV cache has room: raise --max-num-seqs.
 
-    Scrapes inside a stall are left out: when no token moves, the cap is not what queues."""
+    Scrapes inside a stall, or inside a long prefill step (head-of-line blocking), are left out:
+    while no token moves, or one long step holds the engine, the cap is not what queues."""
     t, ok = ctx.thresholds, ctx.ok
     if not _exposes(ctx, "num_requests_waiting"):
         return [_absent("vllm:num_requests_waiting", "queueing", "Queueing cannot be seen.")]
@@ -245,7 +246,7 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
         waiting = by_reason.get("capacity", snap.value("num_requests_waiting") or 0)
         usage = snap.value("kv_cache_usage_perc")
         at_cap = (snap.value("num_requests_running") or 0) >= cap
-        stalled = any(s.start <= scrape.ts <= s.end for s in ctx.stalls)
+        stalled = any(s.start <= scrape.ts <= s.end for s in ctx.stalls) or ctx.itl.blocked(scrape.ts)
         points.append((scrape.ts, waiting > 0 and at_cap and not stalled and (usage is None or usage < t.kv_low_perc)))
     found = [e for e in episodes(points, 2.0) if e[1] - e[0] >= t.queue_min_seconds]
     if not found:
