@@ -8,7 +8,8 @@ above info; "quiet" when there is none). A case is *right* when the top finding,
 its first suggestion's flag and direction are what the label says (``tests/fixtures/incidents``).
 Time-to-right-knob: the diagnosis is re-run on the window from attach (the first scrape) to every
 later scrape; the figure is the first time it is right, and "wrong first" counts the windows that
-showed a different warning before that. Prints numbers; asserts nothing.
+showed a different warning before that, "wrong again" the windows after it that were not right (a
+flickering diagnosis). Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
@@ -44,19 +45,22 @@ def sim_cases() -> list[Case]:
     return out
 
 
-def time_to_right(case: Case) -> tuple[float | None, int]:
-    """Seconds from the first scrape until the diagnosis of the window so far is right, and how many
-    earlier windows showed a different warning."""
-    wrong = 0
+def time_to_right(case: Case) -> tuple[float | None, int, int]:
+    """Seconds from the first scrape until the diagnosis of the window so far is right; how many
+    earlier windows showed a different warning; how many later windows were wrong again."""
+    wrong = lost = 0
+    first_right: float | None = None
     t0 = case.scrapes[0].ts
     for i in range(2, len(case.scrapes) + 1):
         findings = run(case, case.scrapes[:i])
         ok, _ = judge(findings, case.expect)
-        if ok:
-            return case.scrapes[i - 1].ts - t0, wrong
-        if top(findings) is not None:
+        if ok and first_right is None:
+            first_right = case.scrapes[i - 1].ts - t0
+        elif not ok and first_right is not None:
+            lost += 1
+        elif not ok and top(findings) is not None:
             wrong += 1
-    return None, wrong
+    return first_right, wrong, lost
 
 
 def main() -> int:
@@ -70,16 +74,18 @@ def main() -> int:
     ttr: dict[str, list[float]] = defaultdict(list)
     wrong_first: dict[str, int] = defaultdict(int)
     never: dict[str, int] = defaultdict(int)
+    lost: dict[str, int] = defaultdict(int)
     for case in everything:
         findings = run(case)
         first = top(findings)
-        ok, why = judge(findings, case.expect)
+        ok, why = judge(findings, case.expect, len(case.scrapes))
         matrix[case.incident][first.id if first else QUIET] += 1
         right[case.incident].append(ok)
         if not ok:
             failures.append(f"{case.name}: {why}")
         if "/" not in case.name and not case.expect.get("quiet"):
-            seconds, wrong = time_to_right(case)
+            seconds, wrong, relapsed = time_to_right(case)
+            lost[case.incident] += relapsed
             if seconds is None:
                 never[case.incident] += 1
             else:
@@ -105,11 +111,13 @@ def main() -> int:
     alarms = sum(1 for c in healthy if top(run(c)) is not None)
     total_right = sum(sum(v) for v in right.values())
     print(f"\nright: {total_right}/{len(everything)}; false alarms on healthy cases: {alarms}/{len(healthy)}")
-    print("\ntime to the right knob from attach (median s; windows that showed another warning first; never right):")
+    print("\ntime to the right knob from attach (median s; windows that showed another warning first; windows "
+          "wrong again after it was right; never right):")
     for cls in classes:
         if ttr[cls] or never[cls]:
             med = f"{statistics.median(ttr[cls]):.1f} s" if ttr[cls] else "-"
-            print(f"  {cls:>14}: {med:>8}  wrong first {wrong_first[cls]:>3}  never {never[cls]}")
+            print(f"  {cls:>14}: {med:>8}  wrong first {wrong_first[cls]:>3}  wrong again {lost[cls]:>3}  "
+                  f"never {never[cls]}")
     if failures:
         print("\nwrong:")
         for line in failures:

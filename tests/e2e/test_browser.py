@@ -120,15 +120,31 @@ def test_a_target_that_dies_turns_the_banner_and_keeps_the_charts(
         vllm_tiny.start().wait_ready()
 
 
-def test_diagnose_page_names_the_knob_for_a_recording(page: Page, streamlit_url: str) -> None:
-    page.goto(streamlit_url + "/Diagnose")
+def _diagnose_recording(page: Page, url: str, recording: Path) -> None:
+    page.goto(url + "/Diagnose")
     expect(page.get_by_text("Knob table").first).to_be_visible(timeout=30_000)
     page.get_by_text("a recording", exact=True).first.click()
-    page.locator('input[type="file"]').set_input_files(str(RECORDING))
+    page.locator('input[type="file"]').set_input_files(str(recording))
+
+
+def test_diagnose_page_names_the_knob_for_a_recording(page: Page, streamlit_url: str) -> None:
+    _diagnose_recording(page, streamlit_url, RECORDING)
     expect(page.get_by_text("KV-cache pressure").first).to_be_visible(timeout=30_000)
-    expect(page.get_by_text("--gpu-memory-utilization 0.35").first).to_be_visible()
+    # The recorded server pinned its KV cache (--num-gpu-blocks-override 12): the diff raises the pin.
+    expect(page.get_by_text("--num-gpu-blocks-override 18").first).to_be_visible()
+    expect(page.get_by_text("--gpu-memory-utilization 0.35")).to_have_count(0)
+    expect(page.locator('[data-testid="stException"]')).to_have_count(0)
     page.wait_for_timeout(1000)
     page.screenshot(path=str(ARTIFACTS / "diagnose.png"), full_page=True)
+
+
+def test_diagnose_page_names_head_of_line_blocking_on_a_real_incident(page: Page, streamlit_url: str) -> None:
+    _diagnose_recording(page, streamlit_url, ROOT / "tests" / "fixtures" / "incidents" / "hol_p99_only.jsonl.gz")
+    expect(page.get_by_text("Head-of-line blocking").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("--max-num-batched-tokens").first).to_be_visible()
+    expect(page.locator('[data-testid="stException"]')).to_have_count(0)
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(ARTIFACTS / "diagnose-head-of-line.png"), full_page=True)
 
 
 def test_paged_attention_and_capacity_pages(page: Page, streamlit_url: str) -> None:

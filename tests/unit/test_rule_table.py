@@ -126,4 +126,4 @@ def test_the_sample_windows_make_every_row_but_one_speak() -> None:
 
 def test_rules_that_give_queue_capacity_or_latency_advice_do_not_run_while_tokens_stopped() -> None:
     skipped = {rule.id for rule in RULES if not rule.while_tokens_stopped}
-    assert skipped == {"kv_pressure", "queue_at_cap", "head_of_line", "slow_decode", "ttft"}
+    assert skipped == {"kv_pressure", "queue_at_cap", "slow_decode", "ttft"}

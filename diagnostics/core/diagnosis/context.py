@@ -185,7 +185,9 @@ def _stalls(intervals: Sequence[Interval], t: Thresholds) -> tuple[Stall, ...]:
     A run that ends in an interval carrying a large engine step was one long prefill step, not a
     stall: vLLM updates its counters when a step finishes, so a step of thousands of prompt tokens
     on a slow device looks like seconds without tokens, then resumes. That is head-of-line blocking
-    (the latency profile sees it), and "dump the stacks and restart" would be the wrong advice."""
+    (the latency profile sees it), and "dump the stacks and restart" would be the wrong advice. No
+    single step plausibly lasts longer than ``long_step_max_seconds``: a longer run is a stall even
+    when queued long prompts are prefilled as it ends."""
     flagged = [(iv, (iv.num_requests_running or 0) > 0 and iv.generation_tokens == 0) for iv in intervals]
     after = {a.end: b for a, b in zip(intervals, intervals[1:])}
     out = []
@@ -195,7 +197,8 @@ def _stalls(intervals: Sequence[Interval], t: Thresholds) -> tuple[Stall, ...]:
         if last - began < t.stall_min_seconds or len(run) < t.stall_min_scrapes:
             continue
         resumed = after.get(last)
-        if resumed is not None and large_step(resumed.iteration_tokens, _computed_prefill(resumed), t):
+        if (resumed is not None and last - began <= t.long_step_max_seconds
+                and large_step(resumed.iteration_tokens, _computed_prefill(resumed), t)):
             continue
         out.append(Stall(began, last, len(run), max(iv.num_requests_running or 0 for iv in run)))
     return tuple(out)

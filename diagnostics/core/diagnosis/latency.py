@@ -64,8 +64,9 @@ class ItlProfile:
             and not self.median_rises_with_batch
 
     def blocked(self, ts: float) -> bool:
-        """Whether ``ts`` falls in an interval that head-of-line blocking explains."""
-        return self.head_of_line and any(iv.start <= ts <= iv.end for iv in self.blocking)
+        """Whether ``ts`` falls in the head-of-line episode (first to last blocking interval): while
+        long prefill steps hold the engine, waiting requests wait for them, not for a cap."""
+        return self.head_of_line and self.blocking[0].start <= ts <= self.blocking[-1].end
 
     def outside_blocking(self) -> Histogram | None:
         """The window's ITL without the intervals head-of-line blocking explains (when it does)."""

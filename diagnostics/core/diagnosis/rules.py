@@ -338,7 +338,8 @@ def _chunk_budget(ctx: Context) -> tuple[int, float]:
     """The --max-num-batched-tokens that keeps a prefill-carrying step under the spike threshold,
     and the step size it is scaled from: a step of S tokens stretched the gap from the baseline B to
     the worst interval p99 W, so a chunk of S·(T−B)/(W−B) tokens gives about T. A power of two, at
-    least 256, and at most half of the current budget when that is known."""
+    least 256, and at most half of the current budget when that is known (rounded down to a power
+    of two as well)."""
     prof = ctx.itl
     base = prof.baseline_p50_seconds or 0.0
     worst = max(iv.p99_seconds or 0.0 for iv in prof.blocking)
@@ -348,10 +349,14 @@ def _chunk_budget(ctx: Context) -> tuple[int, float]:
     if current:
         step_tokens = min(step_tokens, current)
     scaled = step_tokens * (prof.spike_threshold_seconds - base) / max(worst - base, 1e-9)
-    value = max(256, 2 ** int(math.log2(max(1.0, scaled))))
+    value = _pow2_floor(scaled)
     if current:
-        value = max(256, min(value, current // 2))
-    return value, step_tokens
+        value = min(value, _pow2_floor(current / 2))
+    return max(256, value), step_tokens
+
+
+def _pow2_floor(x: float) -> int:
+    return int(2 ** int(math.log2(max(1.0, x))))
 
 
 def _largest_step(iv: IntervalItl) -> float:

@@ -23,8 +23,10 @@ from diagnostics.core.diagnosis.types import Finding
 class Rule:
     """One rule and what it points to.
 
-    ``while_tokens_stopped``: False for rules whose advice (queue, capacity, latency) is wrong while
-    requests run and no token moves; the engine skips them then (see ``Context.tokens_stopped``).
+    ``while_tokens_stopped``: False for rules whose advice (queue, capacity, batch size) is wrong
+    while requests run and no token moves; the engine skips them then (see
+    ``Context.tokens_stopped``). Head-of-line blocking keeps running: one long prefill step is
+    itself seconds without tokens, and its advice must not flicker away during the next one.
     ``needs_scrapes``: the rule only
     runs when at least one scrape succeeded; with none, "this server does not expose X" would be a
     false claim.
@@ -59,7 +61,7 @@ RULES: tuple[Rule, ...] = (
          chart="num_requests_waiting", alert="VLLMQueueAtConcurrencyCap", scenario="queue_at_cap",
          while_tokens_stopped=False),
     Rule("head_of_line", rules.head_of_line, ("head_of_line_blocking",), ("head-of-line",),
-         chart="inter_token_latency_seconds", alert=None, scenario="head_of_line", while_tokens_stopped=False),
+         chart="inter_token_latency_seconds", alert=None, scenario="head_of_line"),
     Rule("slow_decode", rules.slow_decode, ("slow_decode", "itl_budget_unset", "absent:decode_speed"),
          ("decode-slow",), chart="inter_token_latency_seconds", alert="VLLMDecodeOverITLBudget",
          scenario="slow_decode", while_tokens_stopped=False),

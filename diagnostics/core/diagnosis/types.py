@@ -73,6 +73,7 @@ class Thresholds:
     queue_min_seconds: float = 3.0  # waiting at the cap for at least this long
     stall_min_seconds: float = 5.0  # running > 0 and no new token for at least this long
     stall_min_scrapes: int = 3
+    long_step_max_seconds: float = 10.0  # no token for longer than this is a stall even if a large step ends it
     hol_spike_factor: float = 3.0  # an ITL observation this many times the window's median interval p50 ...
     hol_spike_floor_seconds: float = 0.100  # ... and above this (or the ITL budget) is a spike a user notices
     hol_tail_share: float = 0.01  # an interval whose share of spikes reaches this is a spike interval (its p99)
