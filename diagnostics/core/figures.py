@@ -324,7 +324,8 @@ def finding_figure(
     if chart is None or not history:
         return None
     if chart in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
-        quantiles = rolling_quantiles(history, chart, (0.5, 0.9), window_seconds=5.0)
+        # The median shows a batch-size symptom, p99 a head-of-line tail: draw both.
+        quantiles = rolling_quantiles(history, chart, (0.5, 0.95, 0.99), window_seconds=5.0)
         if quantiles is None:
             return None
         fig = go.Figure()

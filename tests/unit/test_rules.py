@@ -141,8 +141,16 @@ def test_head_of_line_needs_spikes_that_coincide_with_prefills(prefill_tokens: f
     if fires:
         f = next(f for f in findings if f.id == "head_of_line_blocking")
         assert f.suggestions[0].flag == "--max-num-batched-tokens" and f.suggestions[0].direction == "decrease"
-        assert f.suggestions[0].value == 256
+        # 2000 × (0.1 − 0.00516)/(0.394 − 0.00516) = 488 → below the 512 floor.
+        assert f.suggestions[0].value == 512
         assert "--max-num-seqs" not in [s.flag for s in f.suggestions]
+
+
+def test_head_of_line_chunk_never_goes_below_max_num_seqs() -> None:
+    """976 tokens would do (see below), but vLLM refuses a budget under --max-num-seqs 1024."""
+    f = next(f for f in diagnose(prepare(hol_history(4000), max_num_batched_tokens=8192, max_num_seqs=1024))
+             if f.id == "head_of_line_blocking")
+    assert f.suggestions[0].value == 1024
 
 
 @pytest.mark.parametrize(("prefill", "bucket", "budget", "expected"), [

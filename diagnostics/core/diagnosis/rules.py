@@ -338,8 +338,8 @@ def _chunk_budget(ctx: Context) -> tuple[int, float]:
     """The --max-num-batched-tokens that keeps a prefill-carrying step under the spike threshold,
     and the step size it is scaled from: a step of S tokens stretched the gap from the baseline B to
     the worst interval p99 W, so a chunk of S·(T−B)/(W−B) tokens gives about T. A power of two, at
-    least 256, and at most half of the current budget when that is known (rounded down to a power
-    of two as well)."""
+    most half of the current budget when that is known (rounded down to a power of two as well),
+    and at least 512 and --max-num-seqs (vLLM requires the budget to hold one token per sequence)."""
     prof = ctx.itl
     base = prof.baseline_p50_seconds or 0.0
     worst = max(iv.p99_seconds or 0.0 for iv in prof.blocking)
@@ -352,7 +352,9 @@ def _chunk_budget(ctx: Context) -> tuple[int, float]:
     value = _pow2_floor(scaled)
     if current:
         value = min(value, _pow2_floor(current / 2))
-    return max(256, value), step_tokens
+    # vLLM refuses a budget below --max-num-seqs; 512 keeps clear of small defaults when it is unknown.
+    floor = max(512, ctx.flags.max_num_seqs or 0)
+    return max(floor, value), step_tokens
 
 
 def _pow2_floor(x: float) -> int:
