@@ -1,8 +1,10 @@
 """The headless CLI: ``python -m diagnostics record|status|diagnose|alert-rules`` (same core as the app).
 
 Exit codes: 0 ok; 2 bad usage; 3 target unreachable, timing out or answering errors; 4 not a vLLM
-server; 5 unreadable recording, log or output file. ``diagnose`` exits 0 when nothing is above
-info, 1 on a warning, 2 on a critical finding (so cron and pipelines can act on it).
+server; 5 unreadable recording, log or output file. ``diagnose`` follows the monitoring-plugin
+convention instead (so cron, pipelines and Nagios-style checks can act on it): 0 nothing above info,
+1 a warning, 2 a critical finding, 3 unknown (bad usage, target unreachable or not vLLM,
+unreadable recording, log or output file).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from diagnostics.collector import Collector
 from diagnostics.core.derive import DerivedState, Scrape, derive_state
@@ -36,6 +38,18 @@ from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV, VllmClient, api_k
 EXIT_TARGET = 3
 EXIT_NOT_VLLM = 4
 EXIT_FILE = 5
+EXIT_UNKNOWN = 3  # diagnose: the monitoring-plugin "UNKNOWN"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad usage; ``diagnose`` answers 3 (unknown) instead, since its 2 means
+    a critical finding."""
+
+    usage_exit = 2
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(self.usage_exit, f"{self.prog}: error: {message}\n")
 
 
 class CliError(Exception):
@@ -186,7 +200,7 @@ def _read_recording(path: str) -> Recording:
     except BadRecording as exc:
         raise CliError(f"{path}: {exc}", EXIT_FILE) from None
     for problem in recording.problems:
-        print(f"warning: {path}: {problem} (skipped)", file=sys.stderr)
+        print(f"warning: {path}: {problem}", file=sys.stderr)
     return recording
 
 
@@ -315,8 +329,9 @@ def _positive(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m diagnostics", description=__doc__)
+def build_parser() -> _Parser:
+    parser = _Parser(prog="python -m diagnostics", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def target_args(p: argparse.ArgumentParser, required: bool) -> None:
@@ -328,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"environment variable holding the API key (default {DEFAULT_API_KEY_ENV})",
         )
         p.add_argument("--interval", type=_positive, default=1.0, help="seconds between scrapes (min 0.25)")
-        p.add_argument("--timeout", type=_positive, default=2.0, help="per-request timeout, seconds")
+        p.add_argument("--timeout", type=_positive, default=2.0, help="seconds a whole request may take (default 2)")
 
     record = sub.add_parser("record", help="scrape a server for N seconds into a recording (.jsonl or .jsonl.gz)")
     target_args(record, required=True)
@@ -344,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="one JSON object")
     status.set_defaults(func=cmd_status)
     diag = sub.add_parser("diagnose", help="findings and flag changes for a server, a recording or a startup log")
+    if isinstance(diag, _Parser):  # always: the subparsers take the parent's class
+        diag.usage_exit = EXIT_UNKNOWN
     target_args(diag, required=False)
     diag.add_argument("--replay", help="a recording: the whole recording is the window")
     diag.add_argument("--seconds", type=_positive, default=30.0, help="with --url: seconds to collect (the window)")
@@ -374,7 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    diagnosing = bool(words) and words[0] == "diagnose"
+    if diagnosing:  # unrecognized arguments are reported by the top-level parser
+        parser.usage_exit = EXIT_UNKNOWN
+    args = parser.parse_args(words)
     if args.command == "status" and bool(args.url) == bool(args.replay):
         parser.error("status needs exactly one of --url or --replay")
     if args.command == "diagnose" and args.url and args.replay:
@@ -387,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return exc.code
+        return EXIT_UNKNOWN if diagnosing else exc.code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

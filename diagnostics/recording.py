@@ -18,6 +18,7 @@ import gzip
 import io
 import json
 import threading
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,7 +134,7 @@ def read_lines(lines: Iterable[str]) -> Recording:
         try:
             recording.records.append(decode_line(line, line_no))
         except BadRecording as exc:
-            recording.problems.append(str(exc))
+            recording.problems.append(f"{exc} (skipped)")
     if not recording.records:
         first = f": {recording.problems[0]}" if recording.problems else ""
         raise BadRecording(f"no usable record in this file{first}")
@@ -142,22 +143,53 @@ def read_lines(lines: Iterable[str]) -> Recording:
 
 
 def read_recording(source: str | Path | bytes) -> Recording:
-    """Read a recording from a path or from the bytes of an uploaded file (gzip detected)."""
+    """Read a recording from a path or from the bytes of an uploaded file (gzip detected).
+
+    A ``.gz`` file whose writer was killed has no end-of-stream marker: everything up to the
+    last complete line is kept (the writer flushes each line) and ``problems`` says it was cut."""
+    name = "upload" if isinstance(source, bytes) else str(source)
     try:
-        if isinstance(source, bytes):
-            data = gzip.decompress(source) if source[:2] == b"\x1f\x8b" else source
-            return read_lines(data.decode("utf-8").splitlines())
-        path = Path(source)
-        with open(path, "rb") as raw:
-            magic = raw.read(2)
-        opener = gzip.open if magic == b"\x1f\x8b" else open
-        with opener(path, "rb") as handle:
-            text = handle.read().decode("utf-8")
-        return read_lines(text.splitlines())
-    except (OSError, EOFError) as exc:
-        raise BadRecording(f"cannot read {source if not isinstance(source, bytes) else 'upload'}: {exc}") from None
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    except OSError as exc:
+        raise BadRecording(f"cannot read {name}: {exc}") from None
+    cut = False
+    if data[:2] == b"\x1f\x8b":
+        data, cut = _gunzip(data)
+    if cut:
+        data = data[: data.rfind(b"\n") + 1]
+    try:
+        recording = read_lines(data.decode("utf-8").splitlines())
     except UnicodeDecodeError:
         raise BadRecording("not a text recording (not UTF-8)") from None
+    if cut:
+        recording.problems.append(
+            f"the file was cut off (its writer stopped without closing it): read up to the last complete line, "
+            f"{len(recording.records)} records")
+    return recording
+
+
+def _gunzip(data: bytes) -> tuple[bytes, bool]:
+    """The decompressed bytes of one or more gzip members, and whether the stream was cut short
+    (no end-of-stream marker, or corrupt from some point on: what came before is kept)."""
+    out: list[bytes] = []
+    chunk = 1 << 16
+    while data:
+        member = zlib.decompressobj(wbits=31)
+        rest = b""
+        try:
+            for i in range(0, len(data), chunk):
+                out.append(member.decompress(data[i:i + chunk]))
+                if member.eof:
+                    rest = member.unused_data + data[i + chunk:]
+                    break
+        except zlib.error:
+            if not out:
+                raise BadRecording("not a readable gzip file") from None
+            return b"".join(out), True
+        if not member.eof:
+            return b"".join(out), True
+        data = rest
+    return b"".join(out), False
 
 
 def encode_recording(records: Iterable[Record], compress: bool = True) -> bytes:

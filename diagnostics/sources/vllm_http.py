@@ -7,8 +7,12 @@ never appears in ``repr``, messages or logs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -87,29 +91,48 @@ class VllmClient:
         self._http.close()
 
     def _get(self, path: str) -> tuple[bytes, str]:
+        """GET ``path`` within ``timeout_seconds`` in all: httpx's timeout bounds each read, so a
+        server that trickles its body a line at a time would hold the caller for many timeouts. A
+        timer shuts the socket down at the deadline, which ends a read blocked on it."""
+        deadline = time.monotonic() + self.timeout_seconds
         try:
             with self._http.stream("GET", path) as response:
-                if response.status_code >= 400:
-                    reason = response.reason_phrase or "error"
-                    hint = " (check the API key)" if response.status_code in (401, 403) else ""
-                    raise TargetHTTPError(
-                        f"{path} answered HTTP {response.status_code} {reason}{hint}",
-                        response.status_code,
-                    )
-                chunks = []
-                size = 0
-                for chunk in response.iter_bytes():
-                    size += len(chunk)
-                    if size > self.max_bytes:
-                        raise BadPayload(f"{path} response exceeds {self.max_bytes // 1024} KiB; refused")
-                    chunks.append(chunk)
-                return b"".join(chunks), response.headers.get("content-type", "")
+                timer = threading.Timer(max(0.0, deadline - time.monotonic()), _shutdown, (response,))
+                timer.daemon = True
+                timer.start()
+                try:
+                    return self._read(path, response, deadline)
+                finally:
+                    timer.cancel()
+        except TargetError:
+            raise
         except httpx.TimeoutException:
             raise TargetTimeout(f"{path} did not answer within {self.timeout_seconds:g} s") from None
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise TargetUnreachable(f"cannot reach {self.base_url}: {_short(exc)}") from None
         except httpx.HTTPError as exc:
+            if time.monotonic() >= deadline:
+                raise TargetTimeout(f"{path} did not answer within {self.timeout_seconds:g} s") from None
+            if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+                raise TargetUnreachable(f"cannot reach {self.base_url}: {_short(exc)}") from None
             raise TargetUnreachable(f"{path} failed: {_short(exc)}") from None
+
+    def _read(self, path: str, response: httpx.Response, deadline: float) -> tuple[bytes, str]:
+        if response.status_code >= 400:
+            reason = response.reason_phrase or "error"
+            hint = " (check the API key)" if response.status_code in (401, 403) else ""
+            raise TargetHTTPError(f"{path} answered HTTP {response.status_code} {reason}{hint}", response.status_code)
+        chunks = []
+        size = 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise BadPayload(f"{path} response exceeds {self.max_bytes // 1024} KiB; refused")
+            if time.monotonic() >= deadline:
+                raise TargetTimeout(f"{path} did not answer within {self.timeout_seconds:g} s")
+            chunks.append(chunk)
+        if time.monotonic() >= deadline:
+            # The deadline's shutdown ends a body that has no length (HTTP/1.0) as if complete.
+            raise TargetTimeout(f"{path} did not answer within {self.timeout_seconds:g} s")
+        return b"".join(chunks), response.headers.get("content-type", "")
 
     def _get_json(self, path: str) -> Any:
         body, _ = self._get(path)
@@ -142,6 +165,15 @@ class VllmClient:
                 "or one started with --disable-log-stats)"
             )
         return text
+
+
+def _shutdown(response: httpx.Response) -> None:
+    """Wake a read blocked on the response's socket (closing it from another thread would not)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _short(exc: Exception) -> str:

@@ -45,7 +45,7 @@ def test_a_broken_line_is_reported_with_its_number_and_the_rest_kept(tmp_path: P
     path.write_text("\n".join([good, '{"ts": 2, "target": "http://h:1", "metr', good.replace('"ts":1.0', '"ts":3.0')]))
     recording = read_recording(path)
     assert len(recording.records) == 2
-    assert recording.problems == ["line 2: not JSON"]
+    assert recording.problems == ["line 2: not JSON (skipped)"]
 
 
 def test_unknown_keys_are_ignored() -> None:

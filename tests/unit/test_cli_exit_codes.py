@@ -1,0 +1,35 @@
+"""``diagnose`` follows the monitoring-plugin convention (0 OK, 1 warning, 2 critical, 3 unknown):
+bad usage, an unreachable target or an unreadable file is 3, never the 2 of a critical finding.
+The other verbs keep their documented codes. Real subprocesses, as cron would run them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def cli(*args: str) -> int:
+    return subprocess.run([sys.executable, "-m", "diagnostics", *args], cwd=ROOT, capture_output=True,
+                          timeout=60).returncode
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (("diagnose", "--no-such-flag"), 3),
+    (("diagnose",), 3),  # no source
+    (("diagnose", "--itl-budget-ms", "fast", "--log", "x"), 3),
+    (("diagnose", "--url", "http://127.0.0.1:1", "--seconds", "1"), 3),  # nothing listens on port 1
+    (("diagnose", "--replay", "/nonexistent.jsonl.gz"), 3),
+    (("diagnose", "--log", str(FIXTURES / "log-0.32.0-kv-too-small-for-max-model-len.txt")), 2),  # critical
+    (("diagnose", "--replay", str(FIXTURES / "recording-tiny-burst-0.32.0.jsonl.gz")), 1),  # KV pressure warning
+    (("status", "--no-such-flag"), 2),
+    (("status", "--url", "http://127.0.0.1:1"), 3),
+    (("status", "--replay", "/nonexistent.jsonl.gz"), 5),
+])
+def test_exit_codes(args: tuple[str, ...], code: int) -> None:
+    assert cli(*args) == code
