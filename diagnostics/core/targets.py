@@ -8,8 +8,9 @@ Secrets::
     prod-a = "http://10.0.0.5:8000"
     prod-b = { url = "http://10.0.0.6:8000", api_key_env = "PROD_B_KEY" }
 
-``VLLM_URL`` in the environment adds a target. Keys never leave this module's values through
-``repr``: they are excluded from it.
+``VLLM_URL`` in the environment adds a target. A key belongs to the target it was configured for:
+a URL a viewer types gets no configured key (only one typed beside it), unless it *is* a configured
+target's URL. Keys never leave this module's values through ``repr``: they are excluded from it.
 """
 
 from __future__ import annotations
@@ -34,8 +35,25 @@ class TargetChoice:
 class TargetsConfig:
     targets: tuple[TargetChoice, ...]
     allow_custom: bool
-    default_api_key: str | None = field(default=None, repr=False)
     problems: tuple[str, ...] = ()
+
+    def key_for(self, url: str) -> str | None:
+        """The configured key of the target at ``url`` (None for any other URL)."""
+        return next((t.api_key for t in self.targets if same_url(t.url, url)), None)
+
+
+def same_url(a: str, b: str) -> bool:
+    """The same server, spelled with or without scheme, case or trailing slash."""
+
+    def norm(url: str) -> str:
+        text = url.strip().rstrip("/").lower()
+        return text if "://" in text else "http://" + text
+
+    return norm(a) == norm(b)
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
 
 
 def _key(entry: Mapping[str, Any], env: Mapping[str, str], default: str | None) -> str | None:
@@ -65,7 +83,14 @@ def targets_from(secrets: Mapping[str, Any], env: Mapping[str, str]) -> TargetsC
     if env_url and all(t.url != env_url for t in targets):
         targets.insert(0, TargetChoice("VLLM_URL", env_url, default_key))
     allow = secrets.get("allow_custom_targets", True)
-    allow_custom = bool(allow) if isinstance(allow, bool) else True
+    if isinstance(allow, bool):
+        allow_custom = allow
+    elif isinstance(allow, str) and allow.strip().lower() in _TRUE | _FALSE:
+        allow_custom = allow.strip().lower() in _TRUE
+    else:
+        # Fail closed: a setting meant to lock the deployment down must not open it by a typo.
+        allow_custom = False
+        problems.append(f"secrets: allow_custom_targets = {allow!r} is not true or false; custom URLs are off")
     if not targets and not allow_custom:
         problems.append("secrets: allow_custom_targets = false but no [targets] are listed")
-    return TargetsConfig(tuple(targets), allow_custom, default_key, tuple(problems))
+    return TargetsConfig(tuple(targets), allow_custom, tuple(problems))

@@ -70,7 +70,8 @@ def resolve(config: TargetsConfig) -> Selected | None:
             return None
         normal = normalize_url(url)
         typed = str(state.get(state.API_KEY) or "") or None
-        return Selected(normal, normal, typed or config.default_api_key)
+        # Only a key typed for this URL, or the configured key of a target at this very URL.
+        return Selected(normal, normal, typed or config.key_for(normal))
     target = next(t for t in config.targets if t.name == choice)
     return Selected(normalize_url(target.url), target.name, target.api_key)
 

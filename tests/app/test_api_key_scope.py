@@ -1,0 +1,103 @@
+"""The API key configured for a target (``VLLM_API_KEY``, secrets) goes to that target only: a URL
+a viewer types gets no configured key. A real loopback server records the headers it receives."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from diagnostics import collector as collector_module
+from diagnostics.core.targets import targets_from
+
+ROOT = Path(__file__).resolve().parents[2]
+METRICS = 'vllm:num_requests_running{model_name="m",engine="0"} 1.0\n'
+
+
+class HeaderRecorder(BaseHTTPRequestHandler):
+    seen: list[str | None] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        type(self).seen.append(self.headers.get("Authorization"))
+        body = METRICS.encode() if self.path == "/metrics" else b"{}"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain" if self.path == "/metrics" else "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[tuple[str, list[str | None]]]:
+    seen: list[str | None] = []
+    handler = type("Handler", (HeaderRecorder,), {"seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def clean() -> Iterator[None]:
+    st.cache_resource.clear()
+    yield
+    collector_module.stop_all()
+    st.cache_resource.clear()
+
+
+def _scrape_via_app(url: str, *, custom: bool) -> None:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
+    if custom:
+        at.session_state["target_name"] = "custom URL…"
+        at.session_state["custom_url"] = url
+    at.run()
+    assert not at.exception
+
+
+def test_a_typed_url_never_gets_the_configured_key(
+    recorder: tuple[str, list[str | None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, seen = recorder
+    monkeypatch.setenv("VLLM_URL", "http://127.0.0.1:9")  # the configured target: elsewhere
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret-for-the-configured-target")
+    _scrape_via_app(url, custom=True)
+    collector_module.stop_all()
+    assert seen, "the typed URL was never scraped"
+    assert all(header is None for header in seen), seen
+
+
+def test_the_configured_target_gets_its_key(
+    recorder: tuple[str, list[str | None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, seen = recorder
+    monkeypatch.setenv("VLLM_URL", url)
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret-for-the-configured-target")
+    _scrape_via_app(url, custom=False)
+    collector_module.stop_all()
+    assert "Bearer s3cret-for-the-configured-target" in seen
+
+
+@pytest.mark.parametrize(("value", "allowed", "problem"), [
+    (False, False, False), ("false", False, False), ("False", False, False), ("no", False, False),
+    (True, True, False), ("true", True, False),
+    ("nope", False, True),  # a typo locks down, and says so
+])
+def test_allow_custom_targets_reads_strings_and_fails_closed(value: object, allowed: bool, problem: bool) -> None:
+    config = targets_from({"allow_custom_targets": value, "targets": {"a": "http://h:1"}}, {})
+    assert config.allow_custom is allowed
+    assert any("allow_custom_targets" in p for p in config.problems) is problem
+
+
+def test_a_configured_key_follows_its_url_however_it_is_spelled() -> None:
+    config = targets_from({"targets": {"a": {"url": "http://h:1", "api_key_env": "K"}}}, {"K": "k"})
+    assert config.key_for("HTTP://h:1/") == "k" and config.key_for("h:1") == "k"
+    assert config.key_for("http://h:2") is None
