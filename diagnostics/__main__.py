@@ -31,6 +31,7 @@ from diagnostics.core.diagnosis import (
 )
 from diagnostics.core.diagnosis.alerts import alert_rules_yaml
 from diagnostics.core.info import ServerInfo
+from diagnostics.core.text import fmt_seconds_as_ms
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV, VllmClient, api_key_from_env
@@ -148,7 +149,12 @@ def status_object(
         ("request_queue_time_seconds", "queue"),
     ):
         for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
-            obj[f"{short}_{name}_seconds"] = _finite(state.quantile(concept, q))
+            # A quantile in the first bucket is a bound ("<" its upper edge), not a number.
+            est = state.quantile(concept, q)
+            bound = {"below": "<", "above": ">"}.get(est.bound or "") if est else None
+            value = None if est is None else est.upper if bound == "<" else est.lower if bound == ">" else est.value
+            obj[f"{short}_{name}_seconds"] = _finite(value)
+            obj[f"{short}_{name}_bound"] = bound
     for key in (
         "block_size",
         "num_gpu_blocks",
@@ -171,6 +177,13 @@ def _fmt(value: Any, unit: str = "", scale: float = 1.0, digits: int = 1) -> str
     return f"{value}{unit}"
 
 
+def _lat(obj: dict[str, Any], key: str) -> str:
+    value, bound = obj[f"{key}_seconds"], obj[f"{key}_bound"]
+    if value is None:
+        return "—"
+    return (f"{bound} " if bound else "") + fmt_seconds_as_ms(value)
+
+
 def render_status(obj: dict[str, Any]) -> str:
     """The human-readable status: one fact a line, absent values as a dash."""
     state = obj["state"] + (f" ({obj['error']})" if obj.get("error") else "")
@@ -187,8 +200,9 @@ def render_status(obj: dict[str, Any]) -> str:
         f"preemptions   {_fmt(obj['num_preemptions_rate'], '/s', digits=2)}",
         f"throughput    prompt {_fmt(obj['prompt_tokens_rate'], ' tok/s')}"
         f"   generation {_fmt(obj['generation_tokens_rate'], ' tok/s')}",
-        f"TTFT          p50 {_fmt(obj['ttft_p50_seconds'], ' ms', 1000)}   p95 {_fmt(obj['ttft_p95_seconds'], ' ms', 1000)}",
-        f"ITL           p50 {_fmt(obj['itl_p50_seconds'], ' ms', 1000)}   p95 {_fmt(obj['itl_p95_seconds'], ' ms', 1000)}",
+        f"TTFT          p50 {_lat(obj, 'ttft_p50')}   p95 {_lat(obj, 'ttft_p95')}",
+        f"ITL           p50 {_lat(obj, 'itl_p50')}   p95 {_lat(obj, 'itl_p95')}",
+        f"Queue time    p50 {_lat(obj, 'queue_p50')}   p95 {_lat(obj, 'queue_p95')}",
     ]
     return "\n".join(lines)
 

@@ -194,6 +194,44 @@ def histogram_quantile(q: float, hist: Histogram | None) -> float | None:
     return lower + (upper - lower) * (rank - below) / in_bucket
 
 
+@dataclass(frozen=True, slots=True)
+class Quantile:
+    """A quantile from bucket counts, with the honesty the buckets allow.
+
+    ``value`` is Prometheus's linear interpolation inside the bucket the rank falls in, between
+    ``lower`` and ``upper``. In the first bucket nothing is known below its bound, so ``bound`` is
+    "below" (read "< upper"); in the +Inf bucket only that it is above the last finite bound
+    (``bound`` "above", read "> lower"). Elsewhere ``bound`` is None and ``value`` is a number.
+    """
+
+    value: float
+    lower: float
+    upper: float
+    bound: str | None = None
+
+    def over(self, threshold: float) -> bool:
+        """Certainly or by interpolation above ``threshold``; never for a first-bucket bound."""
+        if self.bound == "below":
+            return False
+        if self.bound == "above":
+            return self.lower >= threshold
+        return self.value > threshold
+
+
+def quantile_estimate(q: float, hist: Histogram | None) -> Quantile | None:
+    """:func:`histogram_quantile` with the bucket it came from; None when there are no observations."""
+    value = histogram_quantile(q, hist)
+    if value is None or hist is None or not 0 <= q <= 1:
+        return None
+    finite = hist.bounds[:-1]
+    if value >= finite[-1] and hist.cumulative[-2] < q * hist.cumulative[-1]:
+        return Quantile(value, finite[-1], math.inf, "above")
+    idx = next((i for i, b in enumerate(finite) if value <= b), len(finite) - 1)
+    if idx == 0:
+        return Quantile(value, 0.0, finite[0], "below")
+    return Quantile(value, finite[idx - 1], finite[idx])
+
+
 def count_above(hist: Histogram | None, threshold: float) -> float:
     """Observations certainly above ``threshold``: those above the smallest bucket bound that is
     ≥ ``threshold`` (a bucket cannot say where inside it an observation fell, so this is a lower
@@ -219,13 +257,13 @@ def merge_histograms(hists: Sequence[Histogram | None]) -> Histogram | None:
 
 def windowed_quantiles(
     scrapes: Sequence[Scrape], concept: str, qs: Sequence[float] = (0.5, 0.95, 0.99)
-) -> dict[float, float | None] | None:
+) -> dict[float, Quantile | None] | None:
     """Quantiles of the observations made inside the window; None when the server lacks the
     histogram, ``{q: None}`` when it has it but nothing was observed in the window."""
     if not any(s.snapshot is not None and s.snapshot.has(concept) for s in scrapes):
         return None
     delta = histogram_delta(scrapes, concept)
-    return {q: histogram_quantile(q, delta) for q in qs}
+    return {q: quantile_estimate(q, delta) for q in qs}
 
 
 def last_snapshot(history: Sequence[Scrape]) -> Scrape | None:
@@ -257,10 +295,10 @@ class DerivedState:
     prompt_tokens_rate: float | None
     generation_tokens_rate: float | None
     request_success_rate: dict[str, float] | None
-    quantiles: dict[str, dict[float, float | None] | None]
+    quantiles: dict[str, dict[float, Quantile | None] | None]
     cache_config: CacheConfig | None
 
-    def quantile(self, concept: str, q: float) -> float | None:
+    def quantile(self, concept: str, q: float) -> Quantile | None:
         values = self.quantiles.get(concept)
         return None if values is None else values.get(q)
 

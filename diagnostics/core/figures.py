@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from diagnostics.core.catalog import RATIOS, CacheConfig, Snapshot
 from diagnostics.core.derive import Scrape
 from diagnostics.core.series import (
+    QuantileSeries,
     Series,
     gauge_series,
     increase_events,
@@ -24,6 +25,7 @@ from diagnostics.core.series import (
     rolling_quantiles,
     rolling_ratio,
 )
+from diagnostics.core.text import fmt_latency
 
 GIB = 1024**3
 LATENCY_NAMES = {
@@ -192,19 +194,41 @@ def latency_figure(history: Sequence[Scrape], concept: str, window_seconds: floa
         return None
     fig = go.Figure()
     for q, series in quantiles.items():
-        label = f"p{round(q * 100)}"
-        fig.add_trace(
-            go.Scatter(
-                x=_times(series.ts),
-                y=[v * 1000 if v is not None else None for v in series.values],
-                name=label,
-                mode="lines",
-                line={"color": COLORS[label]},
-                hovertemplate="%{y:,.1f} ms<extra>" + label + "</extra>",
-            )
-        )
+        _add_quantile_traces(fig, f"p{round(q * 100)}", series)
     name = LATENCY_NAMES.get(concept, concept)
     return _layout(fig, f"{name} ({window_seconds:g} s window)", "milliseconds", yaxis_rangemode="tozero")
+
+
+def _add_quantile_traces(fig: go.Figure, label: str, series: QuantileSeries) -> None:
+    """A quantile line in ms, honest about its buckets: a point whose rank falls in the first bucket
+    is only "< bound" — no line there (an interpolation would invent a number), a ▼ marker at the
+    bound instead; beyond the last finite bucket a ▲ at it. The hover names the bucket."""
+    color = COLORS.get(label)
+    xs = _times(series.ts)
+    line_y: list[float | None] = []
+    hover: list[str] = []
+    marks: list[tuple[datetime, float, str, str]] = []
+    for x, est in zip(xs, series.estimates):
+        if est is None:
+            line_y.append(None)
+            hover.append("")
+        elif est.bound is None:
+            line_y.append(est.value * 1000)
+            hover.append(f"{fmt_latency(est)} (bucket {est.lower * 1000:,.0f}–{est.upper * 1000:,.0f} ms)")
+        else:
+            line_y.append(None)
+            hover.append("")
+            edge = est.upper if est.bound == "below" else est.lower
+            where = "all in the first bucket" if est.bound == "below" else "beyond the last bucket"
+            marks.append((x, edge * 1000, "triangle-down" if est.bound == "below" else "triangle-up",
+                          f"{fmt_latency(est)} ({where})"))
+    fig.add_trace(go.Scatter(x=xs, y=line_y, name=label, mode="lines", line={"color": color}, customdata=hover,
+                             hovertemplate="%{customdata}<extra>" + label + "</extra>"))
+    if marks:
+        fig.add_trace(go.Scatter(
+            x=[m[0] for m in marks], y=[m[1] for m in marks], name=f"{label} (bound)", mode="markers",
+            marker={"symbol": [m[2] for m in marks], "color": color, "size": 7}, customdata=[m[3] for m in marks],
+            hovertemplate="%{customdata}<extra>" + label + "</extra>", legendgroup=label, showlegend=False))
 
 
 def throughput_figure(history: Sequence[Scrape]) -> go.Figure | None:
@@ -329,10 +353,8 @@ def finding_figure(
         if quantiles is None:
             return None
         fig = go.Figure()
-        for q, series in quantiles.items():
-            label = f"p{round(q * 100)}"
-            fig.add_trace(go.Scatter(x=_times(series.ts), y=[v * 1000 if v is not None else None for v in series.values],
-                                     name=label, mode="lines"))
+        for q, qseries in quantiles.items():
+            _add_quantile_traces(fig, f"p{round(q * 100)}", qseries)
         y_title = "ms (5 s window)"
     else:
         if chart == "generation_tokens":

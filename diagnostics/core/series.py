@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from diagnostics.core.catalog import Histogram, Snapshot
-from diagnostics.core.derive import Scrape, counter_step, histogram_quantile, histogram_step, restarted
+from diagnostics.core.derive import Quantile, Scrape, counter_step, histogram_step, quantile_estimate, restarted
 
 DEFAULT_MAX_POINTS = 400
 
@@ -26,6 +26,13 @@ class Series:
 
     def __len__(self) -> int:
         return len(self.ts)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantileSeries(Series):
+    """A quantile over time with, per point, the bucket it came from (see :class:`Quantile`)."""
+
+    estimates: list[Quantile | None]
 
 
 def _thin(n: int, max_points: int) -> range:
@@ -148,9 +155,9 @@ def rolling_quantiles(
     qs: Sequence[float] = (0.5, 0.95, 0.99),
     window_seconds: float = 60.0,
     max_points: int = DEFAULT_MAX_POINTS,
-) -> dict[float, Series] | None:
-    """Quantiles of the observations in a trailing window, at each point; None when the server
-    does not expose the histogram."""
+) -> dict[float, QuantileSeries] | None:
+    """Quantiles of the observations in a trailing window, at each point, each with its bucket;
+    None when the server does not expose the histogram."""
     hists: list[Histogram | None] = [s.snapshot.histogram(concept) if s.snapshot is not None else None for s in history]
     if not any(h is not None for h in hists):
         return None
@@ -169,7 +176,7 @@ def rolling_quantiles(
     assert bounds is not None
     width = len(bounds)
     out_ts: list[float] = []
-    out: dict[float, list[float | None]] = {q: [] for q in qs}
+    out: dict[float, list[Quantile | None]] = {q: [] for q in qs}
     idx = set(_thin(len(ts), max_points))
     acc = [0.0] * width
     lo = 0
@@ -188,8 +195,9 @@ def rolling_quantiles(
             out_ts.append(t)
             window_hist = Histogram(bounds, tuple(acc), 0.0, acc[-1])
             for q in qs:
-                out[q].append(histogram_quantile(q, window_hist) if d is not None else None)
-    return {q: Series(out_ts, vals) for q, vals in out.items()}
+                out[q].append(quantile_estimate(q, window_hist) if d is not None else None)
+    return {q: QuantileSeries(out_ts, [e.value if e is not None else None for e in ests], ests)
+            for q, ests in out.items()}
 
 
 def labelled_increase(history: Sequence[Scrape], concept: str) -> dict[str, float] | None:

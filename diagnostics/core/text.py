@@ -6,6 +6,8 @@ import re
 import time
 from datetime import datetime
 
+from diagnostics.core.derive import Quantile
+
 # Everything Streamlit's Markdown (GFM + its directives: :emoji:, :red[...], $latex$) could act on.
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~:$&])")
 
@@ -35,6 +37,23 @@ def fmt_when(ts: float | None, now: float | None = None) -> str:
     if ago < 5400:
         return f"{clock} ({ago / 60:.0f} min ago)"
     return f"{clock} ({ago / 3600:.1f} h ago)"
+
+
+def fmt_seconds_as_ms(seconds: float) -> str:
+    """Latency in the unit people read: ms below 10 s, else seconds."""
+    return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
+
+
+def fmt_latency(q: Quantile | None) -> str:
+    """A latency quantile with its bucket honesty: ``< 300 ms`` in the first bucket, ``> 80.0 s``
+    beyond the last finite one, else the interpolated value."""
+    if q is None:
+        return "—"
+    if q.bound == "below":
+        return f"< {fmt_seconds_as_ms(q.upper)}"
+    if q.bound == "above":
+        return f"> {fmt_seconds_as_ms(q.lower)}"
+    return fmt_seconds_as_ms(q.value)
 
 
 def fmt_optional(value: object, suffix: str = "") -> str:

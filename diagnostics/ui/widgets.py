@@ -21,7 +21,7 @@ from diagnostics.core.derive import DerivedState, Scrape, last_snapshot, window
 from diagnostics.core.info import ServerInfo, TargetStatus
 from diagnostics.core.sim_scenarios import SCENARIOS
 from diagnostics.core.targets import TargetsConfig
-from diagnostics.core.text import fmt_bytes, fmt_optional, fmt_when, md_escape
+from diagnostics.core.text import fmt_bytes, fmt_latency, fmt_optional, fmt_when, md_escape
 from diagnostics.sources.vllm_http import normalize_url
 from diagnostics.ui import resources, state
 
@@ -224,10 +224,6 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f} %"
 
 
-def _ms(value: float | None) -> str:
-    return "—" if value is None else f"{value * 1000:,.0f} ms"
-
-
 def _num(value: float | None, suffix: str = "") -> str:
     return "—" if value is None else f"{value:,.0f}{suffix}"
 
@@ -241,15 +237,15 @@ def headline(derived: DerivedState, status: TargetStatus | None = None) -> None:
     cols[1].metric("Running", _num(derived.num_requests_running))
     cols[2].metric("Waiting", _num(derived.num_requests_waiting))
     cols[3].metric(f"Prefix hit rate ({derived.window_seconds:g} s)", _pct(derived.prefix_cache_hit_rate))
-    cols[4].metric("TTFT p95", _ms(derived.quantile("time_to_first_token_seconds", 0.95)))
-    cols[5].metric("ITL p95", _ms(derived.quantile("inter_token_latency_seconds", 0.95)))
+    cols[4].metric("TTFT p95", fmt_latency(derived.quantile("time_to_first_token_seconds", 0.95)))
+    cols[5].metric("ITL p95", fmt_latency(derived.quantile("inter_token_latency_seconds", 0.95)))
     cols = st.columns(6)
     cols[0].metric("Generation tok/s", _num(derived.generation_tokens_rate))
     cols[1].metric("Prompt tok/s", _num(derived.prompt_tokens_rate))
     rate = derived.num_preemptions_rate
     cols[2].metric("Preemptions /min", "—" if rate is None else f"{rate * 60:,.1f}")
-    cols[3].metric("e2e p95", _ms(derived.quantile("e2e_request_latency_seconds", 0.95)))
-    cols[4].metric("Queue time p95", _ms(derived.quantile("request_queue_time_seconds", 0.95)))
+    cols[3].metric("e2e p95", fmt_latency(derived.quantile("e2e_request_latency_seconds", 0.95)))
+    cols[4].metric("Queue time p95", fmt_latency(derived.quantile("request_queue_time_seconds", 0.95)))
     blocks = derived.kv_cache_used_blocks
     cols[5].metric("KV blocks used", _num(blocks))
 

@@ -16,9 +16,11 @@ from diagnostics.core.derive import (
     histogram_step,
     increase,
     prefix_cache_hit_rate,
+    quantile_estimate,
     rate_series,
     window,
 )
+from diagnostics.core.text import fmt_latency
 
 LABELS = '{engine="0",model_name="m"}'
 
@@ -88,7 +90,27 @@ def test_quantiles_come_from_bucket_deltas_in_the_window() -> None:
     # All 20 new observations lie in (0.1, 1.0]: the median interpolates to the middle.
     assert histogram_quantile(0.5, delta) == pytest.approx(0.55)
     state = derive_state(history)
-    assert state.quantile("time_to_first_token_seconds", 0.5) == pytest.approx(0.55)
+    q = state.quantile("time_to_first_token_seconds", 0.5)
+    assert q is not None and q.value == pytest.approx(0.55) and (q.lower, q.upper, q.bound) == (0.1, 1.0, None)
+
+
+@pytest.mark.parametrize(("cumulative", "expected"), [
+    # Every observation ≤ 0.3 s (vLLM's first queue-time bucket): the p95 is a bound, "< 300 ms".
+    ((20, 20, 20), (0.0, 0.3, "below")),
+    # All in (0.3, 1.0]: an interpolated number inside that bucket.
+    ((0, 20, 20), (0.3, 1.0, None)),
+    # All beyond the last finite bound: only "> 1 s" is known.
+    ((0, 0, 20), (1.0, float("inf"), "above")),
+])
+def test_a_quantile_says_which_bucket_it_came_from(cumulative: tuple[float, ...], expected: tuple) -> None:  # type: ignore[type-arg]
+    q = quantile_estimate(0.95, Histogram((0.3, 1.0, float("inf")), cumulative, 0.0, cumulative[-1]))
+    assert q is not None and (q.lower, q.upper, q.bound) == expected
+
+
+def test_a_first_bucket_quantile_is_never_over_a_budget_and_reads_as_a_bound() -> None:
+    q = quantile_estimate(0.95, Histogram((0.3, 1.0, float("inf")), (20, 20, 20), 0.0, 20))
+    assert q is not None and not q.over(0.1)  # interpolation would say 285 ms > 100 ms
+    assert fmt_latency(q) == "< 300 ms"
 
 
 def test_histogram_reset_counts_the_post_restart_observations() -> None:

@@ -14,10 +14,11 @@ import math
 from typing import Any
 
 from diagnostics.core.catalog import Histogram
-from diagnostics.core.derive import histogram_delta, histogram_quantile, merge_histograms
+from diagnostics.core.derive import histogram_delta, histogram_quantile, merge_histograms, quantile_estimate
 from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
+from diagnostics.core.text import fmt_latency
 
 # -- helpers ---------------------------------------------------------------------------------------
 
@@ -381,17 +382,19 @@ def slow_decode(ctx: Context) -> list[Finding]:
     if not _exposes(ctx, "inter_token_latency_seconds"):
         return [_absent("vllm:inter_token_latency_seconds", "decode_speed", "Decode latency cannot be measured.")]
     prof = ctx.itl
-    p95 = histogram_quantile(0.95, merge_histograms([iv.itl for iv in prof.intervals]))
-    if p95 is None:
+    whole = quantile_estimate(0.95, merge_histograms([iv.itl for iv in prof.intervals]))
+    if whole is None:
         return []
+    p95 = whole.value
     if budget_ms is None:
         return [Finding(id="itl_budget_unset", severity="info",
-                        title=f"ITL p95 is {p95 * 1000:.0f} ms; no ITL budget given, so decode speed is not judged",
+                        title=f"ITL p95 is {fmt_latency(whole)}; no ITL budget given, so decode speed is not judged",
                         evidence={"itl_p95_seconds": p95, "window": _span(ctx)},
                         checks=("Pass --itl-budget-ms (CLI) or set the budget on the Diagnose page.",))]
-    rest_p95 = histogram_quantile(0.95, prof.outside_blocking())
-    if rest_p95 is None or rest_p95 * 1000 <= budget_ms:
+    rest = quantile_estimate(0.95, prof.outside_blocking())
+    if rest is None or not rest.over(budget_ms / 1000):
         return []
+    rest_p95 = rest.value
     defended = defended_batch(prof.intervals, budget_ms / 1000)
     peak = max((iv.num_requests_running for iv in prof.intervals), default=0.0)
     fewer = Suggestion(
@@ -457,9 +460,10 @@ def ttft(ctx: Context) -> list[Finding]:
     t, flags, budget_ms = ctx.thresholds, ctx.flags, ctx.budgets.ttft_ms
     if not _exposes(ctx, "time_to_first_token_seconds"):
         return [_absent("vllm:time_to_first_token_seconds", "ttft", "TTFT cannot be measured.")]
-    p95 = histogram_quantile(0.95, histogram_delta(ctx.history, "time_to_first_token_seconds"))
-    if p95 is None or budget_ms is None or p95 * 1000 <= budget_ms:
-        return []
+    est = quantile_estimate(0.95, histogram_delta(ctx.history, "time_to_first_token_seconds"))
+    if est is None or budget_ms is None or not est.over(budget_ms / 1000):
+        return []  # a p95 in the first bucket is only "< its bound": never over budget by interpolation
+    p95 = est.value
     queue = _mean_from(histogram_delta(ctx.history, "request_queue_time_seconds"))
     prefill = _mean_from(histogram_delta(ctx.history, "request_prefill_time_seconds"))
     usage = _max_gauge(ctx, "kv_cache_usage_perc")
