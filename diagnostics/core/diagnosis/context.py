@@ -210,10 +210,13 @@ def _computed_prefill(iv: Interval) -> float:
 
 
 def _tokens_stopped(intervals: Sequence[Interval], t: Thresholds) -> TokensStopped | None:
-    """The trailing run of intervals with requests running and no generation-token increase."""
+    """The trailing run of intervals with requests running and no progress at all: no generated
+    token, no prompt token computed, no preemption (an engine recomputing preempted requests is
+    busy, not stopped, and its KV pressure is real)."""
     run: list[Interval] = []
     for iv in reversed(intervals):
-        if (iv.num_requests_running or 0) > 0 and iv.generation_tokens == 0:
+        idle = iv.generation_tokens == 0 and not iv.prompt_tokens and not iv.num_preemptions
+        if (iv.num_requests_running or 0) > 0 and idle:
             run.append(iv)
         else:
             break
