@@ -394,6 +394,9 @@ def build_parser() -> _Parser:
     simulate.add_argument("--speed", type=_positive, default=1.0, help="simulated seconds per wall second")
     simulate.set_defaults(func=cmd_simulate)
 
+    serve = sub.add_parser("serve", help="the dashboard, collecting configured targets from start (a flight recorder)")
+    serve.add_argument("streamlit_args", nargs="*", help="passed to `streamlit run` (e.g. --server.port 8600)")
+
     alerts = sub.add_parser("alert-rules", help="a Prometheus rule file with the same thresholds")
     alerts.add_argument("--out", help="write to this file (default: stdout)")
     alerts.add_argument("--job", default="vllm", help="the Prometheus job that scrapes vLLM (for the down alert)")
@@ -406,6 +409,11 @@ def build_parser() -> _Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["serve"] and not {"-h", "--help"} & set(words[1:2]):
+        # Everything after `serve` belongs to `streamlit run` (argparse cannot pass on --options).
+        from diagnostics.ui.serve import serve
+
+        return serve(words[1:])
     diagnosing = bool(words) and words[0] == "diagnose"
     if diagnosing:  # unrecognized arguments are reported by the top-level parser
         parser.usage_exit = EXIT_UNKNOWN

@@ -1,4 +1,6 @@
-"""Start `streamlit run app.py` on a free loopback port for the browser tests."""
+"""Start the dashboard as `./scripts/run.sh` does (`python -m diagnostics serve`, which runs
+`streamlit run app.py` in-process after starting the configured targets' collectors) on a free
+loopback port for the browser tests."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def streamlit_app(env: Mapping[str, str], log_path: Path) -> Iterator[str]:
     port = free_port()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+            [sys.executable, "-m", "diagnostics", "serve", "--server.port", str(port),
              "--server.address", "127.0.0.1", "--server.headless", "true"],
             cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
