@@ -48,6 +48,10 @@ def start_flight_recorders(secrets: Mapping[str, Any], env: Mapping[str, str]) -
 
 
 def serve(streamlit_args: Sequence[str]) -> int:
+    if not (ROOT / "app.py").exists():
+        print("error: serve runs from a checkout of the repository (app.py and pages/ are not installed); "
+              "use ./scripts/run.sh there", file=sys.stderr)
+        return 2
     recorders = start_flight_recorders(read_secrets(ROOT / ".streamlit" / "secrets.toml"), os.environ)
     if recorders:
         names = ", ".join(c.target for c in recorders)

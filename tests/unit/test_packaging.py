@@ -1,0 +1,32 @@
+"""`pip install .` gives a `vllm-triage` console command equal to `python -m diagnostics`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pip_install_gives_the_vllm_triage_command(tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(target), str(ROOT)], check=True, timeout=300,
+                   capture_output=True)
+    command = target / "bin" / "vllm-triage"
+    assert command.exists()
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    installed = subprocess.run([str(command), "diagnose", "--log",
+                                str(ROOT / "tests/fixtures/log-0.32.0-kv-too-small-for-max-model-len.txt"), "--json"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    module = subprocess.run([sys.executable, "-m", "diagnostics", "diagnose", "--log",
+                             str(ROOT / "tests/fixtures/log-0.32.0-kv-too-small-for-max-model-len.txt"), "--json"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert installed.returncode == module.returncode == 2
+    assert installed.stdout == module.stdout
+    # The command ran the installed copy, not the checkout.
+    where = subprocess.run([sys.executable, "-c", "import diagnostics; print(diagnostics.__file__)"], env=env,
+                           cwd=tmp_path, capture_output=True, text=True).stdout
+    assert where.startswith(str(target))
