@@ -31,7 +31,7 @@ from diagnostics.core.diagnosis import (
 )
 from diagnostics.core.diagnosis.alerts import alert_rules_yaml
 from diagnostics.core.info import ServerInfo
-from diagnostics.core.text import fmt_seconds_as_ms
+from diagnostics.core.text import evidence_rows, fmt_seconds_as_ms
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV, VllmClient, api_key_from_env
@@ -269,6 +269,7 @@ def _render_findings(findings: list[Finding], flags: KnownFlags) -> str:
                 diff = command_diff(flags, [s])
                 out.append(f"           - {diff.before}")
                 out.append(f"           + {diff.after}")
+        out.append("         evidence: " + "; ".join(f"{label} {value}" for label, value in evidence_rows(f.evidence)))
         for c in f.checks:
             out.append(f"         check: {c}")
     return "\n".join(out)

@@ -64,3 +64,43 @@ def fmt_optional(value: object, suffix: str = "") -> str:
     if isinstance(value, float):
         return f"{value:g}{suffix}"
     return f"{value}{suffix}"
+
+
+def evidence_rows(evidence: dict[str, object]) -> list[tuple[str, str]]:
+    """A finding's evidence in words and units a person reads: keys carry their unit (``_seconds``,
+    ``_perc``, ``_bytes``, ``_ms``), which becomes ms or s, %, GiB; the JSON keeps the SI values."""
+    return [(_evidence_label(key), _evidence_value(key, value)) for key, value in evidence.items()]
+
+
+_UNIT_SUFFIXES = ("_seconds", "_perc", "_bytes", "_ms")
+
+
+def _evidence_label(key: str) -> str:
+    for suffix in _UNIT_SUFFIXES:
+        key = key.removesuffix(suffix)
+    return key.replace("num_requests_", "requests ").replace("_", " ")
+
+
+def _evidence_value(key: str, value: object) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key == "window" and isinstance(value, dict):
+        end = time.strftime("%H:%M:%S", time.localtime(float(value.get("end", 0))))
+        return f"{float(value.get('seconds', 0)):,.0f} s ending {end}"
+    if isinstance(value, list):
+        return "; ".join(str(v) for v in value)
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if key.endswith("_seconds"):
+        return fmt_seconds_as_ms(float(value))
+    if key.endswith("_ms"):
+        return f"{value:,g} ms"
+    if key.endswith("_perc"):
+        return f"{float(value) * 100:.1f} %"
+    if key.endswith("_bytes"):
+        return fmt_bytes(float(value))
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return f"{value:,.0f}"

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -15,7 +13,7 @@ from diagnostics.core import figures
 from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import Finding, KnownFlags, Suggestion, command_diff
 from diagnostics.core.diagnosis.knobs import KNOB_TABLE, KNOBS_BY_ID
-from diagnostics.core.text import md_escape
+from diagnostics.core.text import evidence_rows, md_escape
 from diagnostics.ui.widgets import chart
 
 BADGES = {"critical": ":red-badge[CRITICAL]", "warning": ":orange-badge[WARNING]", "info": ":blue-badge[INFO]"}
@@ -26,19 +24,6 @@ def _when(time_range: tuple[float, float] | None) -> str:
         return ""
     a, b = (datetime.fromtimestamp(x).strftime("%H:%M:%S") for x in time_range)
     return f" · {a}" if a == b else f" · {a} – {b}"
-
-
-def _evidence_rows(evidence: dict[str, Any]) -> list[dict[str, str]]:
-    rows = []
-    for key, value in evidence.items():
-        if key == "window" and isinstance(value, dict):
-            value = f"{value.get('seconds', 0):g} s ending {time.strftime('%H:%M:%S', time.localtime(value['end']))}"
-        elif isinstance(value, float):
-            value = f"{value:.4g}"
-        elif isinstance(value, list):
-            value = "; ".join(str(v) for v in value)
-        rows.append({"evidence": key, "value": str(value)})
-    return rows
 
 
 def diff_text(flags: KnownFlags, suggestion: Suggestion) -> str:
@@ -75,7 +60,8 @@ def finding_card(finding: Finding, history: Sequence[Scrape], flags: KnownFlags,
                         )
                     )
         with right:
-            st.dataframe(pd.DataFrame(_evidence_rows(finding.evidence)), hide_index=True, key=f"{key}-evidence")
+            rows = [{"evidence": label, "value": value} for label, value in evidence_rows(finding.evidence)]
+            st.dataframe(pd.DataFrame(rows), hide_index=True, key=f"{key}-evidence")
             if finding.checks:
                 st.markdown("**Check first**\n" + "\n".join(f"- {md_escape(c)}" for c in finding.checks))
             if finding.knobs:
