@@ -23,7 +23,7 @@ def overview() -> None:
     st.subheader("Server")
     widgets.config_card(status.info, derived.cache_config)
     st.subheader("Now")
-    widgets.headline(derived, status)
+    widgets.headline(derived, status, history)
     widgets.age_caption(history)
 
 

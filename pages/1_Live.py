@@ -19,7 +19,7 @@ def live() -> None:
     collector = resources.collector(target.url, target.api_key)
     status, history, gpus = collector.status(), collector.history(), collector.gpu_history()
     widgets.status_banner(status)
-    widgets.headline(derive_state(history, state.quantile_window_seconds()), status)
+    widgets.headline(derive_state(history, state.quantile_window_seconds()), status, history)
     widgets.panels(
         history,
         window_seconds=state.window_seconds(),

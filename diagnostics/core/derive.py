@@ -303,6 +303,24 @@ class DerivedState:
         return None if values is None else values.get(q)
 
 
+@dataclass(frozen=True, slots=True)
+class SinceStart:
+    """What the server's own counters say since its process started: the first scrape already knows
+    it, before the dashboard has two scrapes to take a rate from."""
+
+    started_at: float | None
+    num_preemptions: float | None
+    prefix_cache_hit_rate: float | None
+    requests_finished: dict[str, float] | None
+
+
+def since_start(snapshot: Snapshot) -> SinceStart:
+    hits, queries = snapshot.value("prefix_cache_hits"), snapshot.value("prefix_cache_queries")
+    rate = hits / queries if hits is not None and queries else None
+    return SinceStart(snapshot.process_start_time_seconds, snapshot.value("num_preemptions"), rate,
+                      snapshot.by_label("request_success"))
+
+
 LATENCY_CONCEPTS = (
     "time_to_first_token_seconds",
     "inter_token_latency_seconds",

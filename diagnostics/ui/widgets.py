@@ -17,7 +17,7 @@ import streamlit as st
 
 from diagnostics.core import figures
 from diagnostics.core.catalog import CacheConfig
-from diagnostics.core.derive import DerivedState, Scrape, last_snapshot, window
+from diagnostics.core.derive import DerivedState, Scrape, last_snapshot, since_start, window
 from diagnostics.core.info import ServerInfo, TargetStatus
 from diagnostics.core.sim_scenarios import SCENARIOS
 from diagnostics.core.targets import TargetsConfig
@@ -228,8 +228,11 @@ def _num(value: float | None, suffix: str = "") -> str:
     return "—" if value is None else f"{value:,.0f}{suffix}"
 
 
-def headline(derived: DerivedState, status: TargetStatus | None = None) -> None:
-    """The numbers an on-call engineer reads first (the last known ones while the target is down)."""
+def headline(derived: DerivedState, status: TargetStatus | None = None, history: Sequence[Scrape] = ()) -> None:
+    """The numbers an on-call engineer reads first (the last known ones while the target is down).
+
+    Until the dashboard has watched a whole rate window, the latest scrape (in ``history``) also
+    shows the server's counters since it started, labelled as such."""
     if status is not None and status.state in ("down", "stale", "not_vllm") and derived.ts is not None:
         st.caption(f"Last known values, from the scrape at {fmt_when(derived.ts)}.")
     cols = st.columns(6)
@@ -248,6 +251,18 @@ def headline(derived: DerivedState, status: TargetStatus | None = None) -> None:
     cols[4].metric("Queue time p95", fmt_latency(derived.quantile("request_queue_time_seconds", 0.95)))
     blocks = derived.kv_cache_used_blocks
     cols[5].metric("KV blocks used", _num(blocks))
+    latest = last_snapshot(history)
+    watched = history[-1].ts - history[0].ts if history else 0.0
+    if latest is not None and latest.snapshot is not None and watched < derived.window_seconds:
+        lifetime = since_start(latest.snapshot)
+        started = f"started {fmt_when(lifetime.started_at)}" if lifetime.started_at else "start time not exported"
+        st.caption(f"Since the server started ({started}), from its own counters — this dashboard has watched "
+                   f"for {watched:.0f} s of the {derived.window_seconds:g} s window:")
+        cols = st.columns(6)
+        cols[0].metric("Preemptions (since start)", _num(lifetime.num_preemptions))
+        cols[1].metric("Prefix hit rate (since start)", _pct(lifetime.prefix_cache_hit_rate))
+        for i, (reason, count) in enumerate(sorted((lifetime.requests_finished or {}).items())[:4]):
+            cols[2 + i].metric(f"Finished: {reason} (since start)", _num(count))
 
 
 def chart(build: Callable[[], go.Figure | None], key: str, empty: str) -> None:

@@ -243,3 +243,20 @@ def test_live_page_draws_gpu_memory_when_nvml_reads_devices() -> None:
     assert not at.exception
     assert len(at.get("plotly_chart")) == 10
     assert not any("GPU memory: not available" in i.value for i in at.info)
+
+
+def test_the_first_scrape_shows_the_servers_counters_since_start() -> None:
+    """One scrape gives no rate, but the server's counters hold everything since it started: the
+    real burst payload had 11 requests finished by length, 2,048 of 5,453 queried tokens hit."""
+    text = (ROOT / "tests" / "fixtures" / "metrics-0.32.0-burst.txt").read_text()
+    client = VllmClient(URL, transport=httpx.MockTransport(
+        lambda r: httpx.Response(200, text=text) if r.url.path == "/metrics" else httpx.Response(404)))
+    collector = Collector(client, interval_seconds=60)
+    collector.scrape_once()
+    register(collector)
+    at = app().run()
+    assert not at.exception
+    assert any("Since the server started" in c.value for c in at.caption)
+    assert metric(at, "Preemptions (since start)") == "0"
+    assert metric(at, "Prefix hit rate (since start)") == "37.6 %"  # 2,048 / 5,453
+    assert metric(at, "Finished: length (since start)") == "11"
