@@ -94,6 +94,23 @@ def test_a_50_mb_body_is_refused_by_the_size_cap() -> None:
         client_for(lambda r: httpx.Response(200, content=chunks())).metrics_text()
 
 
+def test_a_realistic_large_payload_is_accepted(burst_text: str) -> None:
+    """40 engines (data parallel) of the real 0.32 payload, served under a real model's name:
+    about 1.8 MB, under the 8 MiB cap."""
+    import re
+
+    named = burst_text.replace('model_name="tiny"', 'model_name="meta-llama/Llama-3.1-70B-Instruct"')
+    lines = [line for line in named.splitlines() if line.startswith("vllm:")]
+    text = named + "\n".join(re.sub(r'engine="0"', f'engine="{i}"', line)
+                               for i in range(1, 40) for line in lines) + "\n"
+    assert 1.6 * 2**20 < len(text.encode()) < 8 * 2**20  # 1.8 MB
+    got = client_for(lambda r: httpx.Response(200, text=text)).metrics_text()
+    assert len(got) == len(text)
+    from diagnostics.core.catalog import parse_snapshot
+
+    assert len(parse_snapshot(got).engines) == 40
+
+
 def test_json_endpoint_answering_garbage_is_bad_payload() -> None:
     with pytest.raises(BadPayload, match="JSON"):
         client_for(lambda r: httpx.Response(200, text="not json")).info()

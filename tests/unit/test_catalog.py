@@ -69,6 +69,20 @@ def test_several_engines_give_per_engine_series_and_a_server_total(burst_text: s
     assert both.count == 2 * one.count and both.cumulative[-1] == 2 * one.cumulative[-1]
 
 
+def test_two_engines_at_20_and_80_percent_kv_usage_average_to_50() -> None:
+    text = "\n".join([
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.2',
+        'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.8',
+        'vllm:num_requests_running{engine="0",model_name="m"} 3',
+        'vllm:num_requests_running{engine="1",model_name="m"} 5',
+    ]) + "\n"
+    snap = parse_snapshot(text)
+    assert snap.value("kv_cache_usage_perc", ("m", "0")) == 0.2
+    assert snap.value("kv_cache_usage_perc", ("m", "1")) == 0.8
+    assert snap.value("kv_cache_usage_perc") == pytest.approx(0.5)  # the mean of the engines' fractions
+    assert snap.value("num_requests_running") == 8.0  # counts add up
+
+
 def test_v0_swapped_and_counters_without_total() -> None:
     text = (
         'vllm:num_requests_swapped{model_name="m"} 3\n'

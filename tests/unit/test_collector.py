@@ -3,10 +3,11 @@ from __future__ import annotations
 import re
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
-from diagnostics.collector import Collector
+from diagnostics.collector import Collector, shared_collector, stop_all
 from diagnostics.core.derive import rate_series
 from diagnostics.sources.vllm_http import VllmClient
 from tests.conftest import fixture_text
@@ -59,12 +60,14 @@ def make(server: FakeServer, clock: Clock, **kw: float) -> Collector:
 def test_down_since_first_failure_and_history_kept_across_the_gap() -> None:
     server, clock = FakeServer(), Clock()
     collector = make(server, clock)
+    states = []
     for mode in ("up", "up", "down", "down", "up"):
         server.mode = mode
         collector.scrape_once()
-        if mode == "down" and collector.status().state == "down":
-            assert collector.status().since == 1002.0
+        states.append((collector.status().state, collector.status().since))
         clock.now += 1
+    # Down from the first failed scrape (t = 1002) and still "since 1002" at the second one.
+    assert states[2:4] == [("down", 1002.0), ("down", 1002.0)]
     history = collector.history()
     assert [s.snapshot is not None for s in history] == [True, True, False, False, True]
     assert "cannot reach" in (history[2].error or "")
@@ -115,25 +118,54 @@ def test_info_is_read_once_and_carried_on_the_first_record() -> None:
 
 
 def test_many_readers_share_one_scrape_per_interval() -> None:
-    server = FakeServer()
-    client = VllmClient("http://fake:8000", transport=httpx.MockTransport(server))
-    collector = Collector(client, interval_seconds=0.25).start()
+    """20 readers each ask the process registry for the target's collector, as 20 browser
+    sessions do, against a real loopback server that counts its /metrics requests: one collector,
+    one request per interval between them."""
+    payload = fixture_text("metrics-0.32.0-idle.txt").encode()
+    counted: list[float] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            if self.path == "/metrics":
+                counted.append(time.monotonic())
+            body = payload if self.path == "/metrics" else b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
     stop = threading.Event()
+    seen: set[int] = set()
 
     def reader() -> None:
         while not stop.is_set():
+            collector = shared_collector(url, None, interval_seconds=0.25)
+            seen.add(id(collector))
             collector.history()
             collector.status()
 
     readers = [threading.Thread(target=reader) for _ in range(20)]
-    for t in readers:
-        t.start()
-    time.sleep(1.6)
-    stop.set()
-    collector.stop()
-    for t in readers:
-        t.join()
-    assert 4 <= server.metrics_requests <= 8
+    try:
+        for t in readers:
+            t.start()
+        time.sleep(1.6)
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
+        stop_all()
+        server.shutdown()
+        server.server_close()
+    assert len(seen) == 1
+    span = counted[-1] - counted[0]
+    assert len(counted) - 1 <= span / 0.25 + 1  # one request per 0.25 s tick, not one per reader
+    assert 5 <= len(counted) <= 9
 
 
 def test_a_401_on_v1_models_is_reported_while_metrics_keep_flowing() -> None:
