@@ -46,6 +46,9 @@ def text(
     step_counts: Sequence[float] | None = None,
     prompt_len_counts: Sequence[float] | None = None,
     pin: str = "",
+    ttft_counts: Sequence[float] | None = None,
+    queue_seconds: tuple[float, float] | None = None,
+    prefill_seconds: tuple[float, float] | None = None,
 ) -> str:
     lines = [
         f"vllm:num_requests_running{{{L}}} {running}",
@@ -63,7 +66,11 @@ def text(
     ]
     lines += _hist("vllm:inter_token_latency_seconds", ITL_BOUNDS, itl_counts or [0] * 14, itl_sum)
     lines += _hist("vllm:request_params_n", N_BOUNDS, n_counts or [0] * 6, 0.0)
-    lines += _hist("vllm:time_to_first_token_seconds", (0.1, 1.0), [0, 0, 0], 0.0)
+    lines += _hist("vllm:time_to_first_token_seconds", (0.1, 1.0), ttft_counts or [0, 0, 0], 0.0)
+    for name, sum_count in (("vllm:request_queue_time_seconds", queue_seconds),
+                            ("vllm:request_prefill_time_seconds", prefill_seconds)):
+        if sum_count is not None:  # (sum, count): the rules read the mean
+            lines += _hist(name, (0.3, 1.0), [sum_count[1], 0, 0], sum_count[0])
     if step_counts is not None:
         lines += _hist("vllm:iteration_tokens_total", STEP_BOUNDS, step_counts, 0.0)
     if prompt_len_counts is not None:

@@ -456,3 +456,44 @@ def test_more_seconds_without_tokens_than_one_step_can_take_is_a_stall_even_if_a
         gen = 100 * min(t, 2) + (100 if t >= 15 else 0)
         history.append(scrape(float(t), gen=gen, running=16, step_counts=steps))
     assert "silent_stall" in ids(diagnose(prepare(history)))
+
+
+def _ttft_history(ttft_bucket: int, queue_s: float, prefill_s: float, usage: float) -> list:  # type: ignore[type-arg]
+    """10 s of 20 requests a second whose TTFT falls in bucket ``ttft_bucket`` of (0.1, 1.0, +Inf),
+    with mean queue and prefill times as given; 8 running (the cap), 4 waiting."""
+    history = []
+    for t in range(10):
+        counts = [0.0, 0.0, 0.0]
+        counts[ttft_bucket] = 20.0 * t
+        history.append(scrape(float(t), gen=100 * t, running=8, waiting=4, usage=usage, ttft_counts=counts,
+                              queue_seconds=(queue_s * 20 * t, 20 * t), prefill_seconds=(prefill_s * 20 * t, 20 * t)))
+    return history
+
+
+@pytest.mark.parametrize(("ttft_bucket", "queue_s", "prefill_s", "usage", "expected", "advice"), [
+    # p95 = 0.1 + 0.9 × 0.95 = 0.955 s > 500 ms; queue 0.6 s ≥ prefill 0.2 s; KV 30 %: the cap queues.
+    (1, 0.6, 0.2, 0.3, "ttft_queue_dominated", ("--max-num-seqs", "increase", 12)),  # 8 running + 4 waiting
+    # The same queue with the KV cache 90 % full: more KV room, not more sequences.
+    (1, 0.6, 0.2, 0.9, "ttft_queue_dominated", ("--gpu-memory-utilization", "increase", 0.95)),
+    # Prefill 0.7 s > queue 0.1 s: a larger prefill budget (current unknown: no value).
+    (1, 0.1, 0.7, 0.3, "ttft_prefill_dominated", ("--max-num-batched-tokens", "increase", None)),
+    # Every TTFT ≤ 100 ms: p95 is "< 100 ms", within any budget of 500 ms.
+    (0, 0.6, 0.2, 0.3, None, None),
+])
+def test_ttft_over_budget_is_split_by_where_the_time_went(
+    ttft_bucket: int, queue_s: float, prefill_s: float, usage: float, expected: str | None,
+    advice: tuple[str, str, object] | None,
+) -> None:
+    findings = [f for f in diagnose(prepare(_ttft_history(ttft_bucket, queue_s, prefill_s, usage),
+                                            budgets=Budgets(ttft_ms=500))) if f.id.startswith("ttft")]
+    assert [f.id for f in findings] == ([expected] if expected else [])
+    if advice:
+        s = findings[0].suggestions[0]
+        assert (s.flag, s.direction, s.value) == advice
+
+
+def test_a_ttft_p95_in_the_first_bucket_is_not_over_a_budget_below_that_bucket() -> None:
+    """All TTFTs ≤ 100 ms and a 50 ms budget: interpolation would say 95 ms, but the bucket only
+    says "< 100 ms", so the rule cannot claim the budget is missed."""
+    findings = diagnose(prepare(_ttft_history(0, 0.6, 0.2, 0.3), budgets=Budgets(ttft_ms=50)))
+    assert not [f for f in findings if f.id.startswith("ttft")]
