@@ -55,6 +55,12 @@ def page(browser: Browser) -> Iterator[Page]:
     pg.close()
 
 
+def shoot(page: Page, name: str) -> None:
+    """The screenshot a person looks at — never of a page showing a Streamlit exception box."""
+    expect(page.locator('[data-testid="stException"]')).to_have_count(0)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
 def metric_value(page: Page, label: str) -> str:
     box = page.locator('[data-testid="stMetric"]').filter(has=page.get_by_text(label, exact=True)).first
     return box.locator('[data-testid="stMetricValue"]').inner_text()
@@ -66,7 +72,7 @@ def test_overview_shows_the_real_server(page: Page, streamlit_url: str) -> None:
     expect(page.get_by_text("0.32.0").first).to_be_visible()
     assert metric_value(page, "Block size") == "128 tokens"
     assert metric_value(page, "num_gpu_blocks") == "1,024"
-    page.screenshot(path=str(ARTIFACTS / "overview.png"), full_page=True)
+    shoot(page, "overview.png")
 
 
 def test_live_numbers_move_during_a_burst(page: Page, streamlit_url: str, vllm_main: VllmServer) -> None:
@@ -80,7 +86,7 @@ def test_live_numbers_move_during_a_burst(page: Page, streamlit_url: str, vllm_m
         if len(seen) >= 3 and any(re.match(r"[1-9]", v) for v in seen):
             break
         time.sleep(0.5)
-    page.screenshot(path=str(ARTIFACTS / "live-burst.png"), full_page=True)
+    shoot(page, "live-burst.png")
     thread.join(120)
     assert any(re.match(r"[1-9]", v) for v in seen), seen
     assert len(seen) >= 3, seen
@@ -95,7 +101,7 @@ def test_replay_page_opens_a_recording(page: Page, streamlit_url: str) -> None:
     expect(page.get_by_text("31 scrapes").first).to_be_visible(timeout=30_000)
     expect(page.locator(".js-plotly-plot").first).to_be_visible()
     page.wait_for_timeout(1500)
-    page.screenshot(path=str(ARTIFACTS / "replay.png"), full_page=True)
+    shoot(page, "replay.png")
 
 
 def test_a_target_that_dies_turns_the_banner_and_keeps_the_charts(
@@ -115,7 +121,7 @@ def test_a_target_that_dies_turns_the_banner_and_keeps_the_charts(
         expect(page.get_by_text("Down ·").first).to_be_visible(timeout=15_000)
         expect(page.get_by_text("cannot reach").first).to_be_visible()
         assert page.locator(".js-plotly-plot").count() >= 4
-        page.screenshot(path=str(ARTIFACTS / "live-target-down.png"), full_page=True)
+        shoot(page, "live-target-down.png")
     finally:
         vllm_tiny.start().wait_ready()
 
@@ -133,18 +139,16 @@ def test_diagnose_page_names_the_knob_for_a_recording(page: Page, streamlit_url:
     # The recorded server pinned its KV cache (--num-gpu-blocks-override 12): the diff raises the pin.
     expect(page.get_by_text("--num-gpu-blocks-override 18").first).to_be_visible()
     expect(page.get_by_text("--gpu-memory-utilization 0.35")).to_have_count(0)
-    expect(page.locator('[data-testid="stException"]')).to_have_count(0)
     page.wait_for_timeout(1000)
-    page.screenshot(path=str(ARTIFACTS / "diagnose.png"), full_page=True)
+    shoot(page, "diagnose.png")
 
 
 def test_diagnose_page_names_head_of_line_blocking_on_a_real_incident(page: Page, streamlit_url: str) -> None:
     _diagnose_recording(page, streamlit_url, ROOT / "tests" / "fixtures" / "incidents" / "hol_p99_only.jsonl.gz")
     expect(page.get_by_text("Head-of-line blocking").first).to_be_visible(timeout=30_000)
     expect(page.get_by_text("--max-num-batched-tokens").first).to_be_visible()
-    expect(page.locator('[data-testid="stException"]')).to_have_count(0)
     page.wait_for_timeout(1000)
-    page.screenshot(path=str(ARTIFACTS / "diagnose-head-of-line.png"), full_page=True)
+    shoot(page, "diagnose-head-of-line.png")
 
 
 def test_paged_attention_and_capacity_pages(page: Page, streamlit_url: str) -> None:
@@ -152,8 +156,8 @@ def test_paged_attention_and_capacity_pages(page: Page, streamlit_url: str) -> N
     expect(page.get_by_text("1 · Block size is a trade-off").first).to_be_visible(timeout=30_000)
     expect(page.get_by_text("130", exact=True).first).to_be_visible()
     page.wait_for_timeout(1000)
-    page.screenshot(path=str(ARTIFACTS / "paged-attention.png"), full_page=True)
+    shoot(page, "paged-attention.png")
     page.goto(streamlit_url + "/Capacity")
     expect(page.get_by_text("72.0 GB").first).to_be_visible(timeout=30_000)
     expect(page.get_by_text("= the server's kv_cache_size_tokens").first).to_be_visible(timeout=30_000)
-    page.screenshot(path=str(ARTIFACTS / "capacity.png"), full_page=True)
+    shoot(page, "capacity.png")

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.e2e.streamlit_app import streamlit_app
-from tests.e2e.test_browser import ARTIFACTS, browser  # noqa: F401 - the shared Chromium fixture
+from tests.e2e.test_browser import browser, shoot  # noqa: F401 - the shared Chromium fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,11 +36,11 @@ def test_no_url_shows_the_simulation_and_a_scenario_symptom_then_its_knob(browse
         page.goto(bare_app + "/Live")
         expect(page.get_by_text("KV-cache block usage").first).to_be_visible(timeout=30_000)
         page.wait_for_timeout(25_000)
-        page.screenshot(path=str(ARTIFACTS / "simulated-kv-pressure-live.png"), full_page=True)
+        shoot(page, "simulated-kv-pressure-live.png")
         page.goto(bare_app + "/Diagnose")
         expect(page.get_by_text("KV-cache pressure").first).to_be_visible(timeout=40_000)
         expect(page.get_by_text("kv_pressure", exact=True).first).to_be_visible()
         page.wait_for_timeout(3000)  # let the charts and tables finish drawing before the screenshot
-        page.screenshot(path=str(ARTIFACTS / "simulated-kv-pressure-diagnose.png"), full_page=True)
+        shoot(page, "simulated-kv-pressure-diagnose.png")
     finally:
         page.close()

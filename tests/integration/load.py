@@ -4,6 +4,8 @@ saw (the independent evidence of head-of-line blocking or a slow decode)."""
 
 from __future__ import annotations
 
+import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +16,14 @@ from typing import Any
 import httpx
 
 from tests.integration.vllm_server import SERVED_NAME
+
+
+def seeded_rng() -> random.Random:
+    """A random generator whose seed is printed (pytest shows it for a failing test) and can be
+    replayed with ``TEST_SEED=…``: prompts differ run to run, a failure can be repeated exactly."""
+    seed = int(os.environ.get("TEST_SEED") or random.randrange(2**31))
+    print(f"seed {seed} (TEST_SEED={seed} repeats this run's prompts)")
+    return random.Random(seed)
 
 
 def completions(

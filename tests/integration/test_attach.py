@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 import time
@@ -90,7 +89,7 @@ def test_waiting_moves_when_the_kv_budget_is_tiny(vllm_tiny: VllmServer) -> None
 
 
 def test_windowed_prefix_hit_rate_rises_when_a_long_prompt_repeats(vllm_main: VllmServer) -> None:
-    rng = random.Random()
+    rng = load.seeded_rng()
     prompt = " ".join(f"w{rng.randint(0, 10**6)}" for _ in range(150))
     collector = collector_for(vllm_main)
     assert wait_for(lambda: len(collector.history()) >= 2)

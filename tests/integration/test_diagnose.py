@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -117,7 +116,8 @@ def test_tiny_block_budget_says_more_kv_never_more_seqs(vllm_tiny: VllmServer, t
 
 def test_n8_without_prefix_caching_says_enable_it(condition_servers: dict[str, VllmServer], tmp_path: Path) -> None:
     server = condition_servers["noprefix"]
-    prompt = " ".join(random.choice(WORDS) for _ in range(300))
+    rng = load.seeded_rng()
+    prompt = " ".join(rng.choice(WORDS) for _ in range(300))
     path = record(server, tmp_path / "n8.jsonl.gz",
                   lambda: load.completions(server.url, 10, prompt=prompt, n=8, max_tokens=32))
     code, findings = diagnose_cli("--replay", str(path))
@@ -133,9 +133,7 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
     decoders really stalled is judged from the clients' own token gaps (not from the diagnosis);
     a run where they did not is repeated, and three such runs fail the test."""
     server = condition_servers["mid"]
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
-    print(f"seed {seed}")
+    rng = load.seeded_rng()
     seen: list[float] = []
     for attempt in range(3):
         clients = load.Clients()

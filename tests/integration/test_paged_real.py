@@ -4,7 +4,6 @@ included), and the capacity arithmetic → the server's own block count and toke
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import httpx
@@ -13,6 +12,7 @@ import pytest
 from diagnostics.core.capacity import ModelShape, capacity
 from diagnostics.core.catalog import parse_snapshot
 from diagnostics.core.paged import KVCacheManager, Request
+from tests.integration import load
 from tests.integration.vllm_server import SERVED_NAME, VllmServer
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ def predict(manager: KVCacheManager, rid: str, prompt: list[int]) -> int:
 
 
 def test_a_307_token_prompt_repeated_hits_256_as_the_allocator_says(vllm_main: VllmServer) -> None:
-    rng = random.Random()
+    rng = load.seeded_rng()
     prompt = [rng.randint(10, 2000) for _ in range(307)]
     _, blocks, block_size = server_hits(vllm_main.url)
     manager = KVCacheManager(blocks, block_size)
@@ -56,7 +56,7 @@ def test_a_307_token_prompt_repeated_hits_256_as_the_allocator_says(vllm_main: V
 
 
 def test_hits_and_evictions_match_the_real_12_block_server(vllm_tiny: VllmServer) -> None:
-    rng = random.Random()
+    rng = load.seeded_rng()
 
     def fresh(n: int) -> list[int]:
         return [rng.randint(10, 2000) for _ in range(n)]

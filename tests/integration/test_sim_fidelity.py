@@ -5,7 +5,6 @@ the preemption onset under a burst must be close (the tolerances reached are in 
 from __future__ import annotations
 
 import json
-import random
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ def sim_request(engine: SimEngine, prompt: list[int], max_tokens: int = 1) -> in
 
 
 def test_prefix_hits_equal_the_real_servers(vllm_tiny: VllmServer) -> None:
-    rng = random.Random()
+    rng = load.seeded_rng()
 
     def fresh(n: int) -> list[int]:
         return [rng.randint(10, 2000) for _ in range(n)]
