@@ -18,6 +18,7 @@ from typing import Any
 
 from diagnostics.core.catalog import parse_snapshot
 from diagnostics.core.derive import Scrape
+from diagnostics.core.gpu import GpuReading
 from diagnostics.core.info import ServerInfo, TargetState, TargetStatus
 from diagnostics.errors import BadPayload, NotVllm, TargetError, TargetHTTPError
 from diagnostics.recording import Record
@@ -31,7 +32,7 @@ INFO_REFRESH_SECONDS = 60.0
 HEALTH_EVERY_SECONDS = 5.0
 STALE_AFTER_INTERVALS = 3
 
-GpuReader = Callable[[], list[dict[str, Any]] | None]
+GpuReader = Callable[[], GpuReading]
 Sink = Callable[[Record], None]
 
 
@@ -57,11 +58,11 @@ class Collector:
         self._gpu_reader = gpu_reader
         self._clock = clock
         self._history: deque[Scrape] = deque(maxlen=int(retention_seconds / interval_seconds) + 1)
-        self._gpus: deque[tuple[float, list[dict[str, Any]]]] = deque(maxlen=self._history.maxlen)
+        self._gpus: deque[tuple[float, GpuReading]] = deque(maxlen=self._history.maxlen)
         # The raw text of recent scrapes, compressed, for "save snapshot" (parsed history cannot
         # be turned back into a recording).
         self.raw_retention_seconds = min(raw_retention_seconds, retention_seconds)
-        self._raw: deque[tuple[float, bytes | None, str | None, list[dict[str, Any]] | None]] = deque()
+        self._raw: deque[tuple[float, bytes | None, str | None, GpuReading | None]] = deque()
         self._lock = threading.Lock()
         self._sinks: list[Sink] = []
         self._stop = threading.Event()
@@ -98,11 +99,12 @@ class Collector:
         for i, (ts, blob, error, gpus) in enumerate(raw):
             metrics = zlib.decompress(blob).decode("utf-8") if blob is not None else None
             records.append(
-                Record(ts, self.target, metrics=metrics, error=error, info=info if i == 0 else None, gpus=gpus)
+                Record(ts, self.target, metrics=metrics, error=error, info=info if i == 0 else None,
+                       gpus=_gpus_json(gpus))
             )
         return records
 
-    def gpu_history(self) -> list[tuple[float, list[dict[str, Any]]]]:
+    def gpu_history(self) -> list[tuple[float, GpuReading]]:
         with self._lock:
             return list(self._gpus)
 
@@ -212,7 +214,7 @@ class Collector:
                 info_payload = self._info_payload()
                 self._info_dirty = False
             sinks = list(self._sinks)
-        self._emit(sinks, Record(ts, self.target, metrics=text, info=info_payload, gpus=gpus))
+        self._emit(sinks, Record(ts, self.target, metrics=text, info=info_payload, gpus=_gpus_json(gpus)))
         return scrape
 
     def _failed(self, ts: float, state: TargetState, message: str) -> Scrape:
@@ -230,7 +232,7 @@ class Collector:
         self._emit(sinks, Record(ts, self.target, error=message))
         return scrape
 
-    def _append(self, scrape: Scrape, gpus: list[dict[str, Any]] | None) -> None:
+    def _append(self, scrape: Scrape, gpus: GpuReading | None) -> None:
         self._history.append(scrape)
         if gpus is not None:
             self._gpus.append((scrape.ts, gpus))
@@ -240,7 +242,7 @@ class Collector:
         while self._gpus and self._gpus[0][0] < horizon:
             self._gpus.popleft()
 
-    def _append_raw(self, ts: float, blob: bytes | None, error: str | None, gpus: list[dict[str, Any]] | None) -> None:
+    def _append_raw(self, ts: float, blob: bytes | None, error: str | None, gpus: GpuReading | None) -> None:
         self._raw.append((ts, blob, error, gpus))
         horizon = ts - self.raw_retention_seconds
         while self._raw and self._raw[0][0] < horizon:
@@ -286,13 +288,13 @@ class Collector:
             return None
         return {"version": self._info.version_json, "models": self._info.models_json}
 
-    def _read_gpus(self) -> list[dict[str, Any]] | None:
+    def _read_gpus(self) -> GpuReading | None:
         if self._gpu_reader is None:
             return None
         try:
             return self._gpu_reader()
-        except Exception:  # noqa: BLE001 - a GPU reader failure must never stop collection
-            return None
+        except Exception as exc:  # noqa: BLE001 - a GPU reader failure must never stop collection
+            return GpuReading(unavailable=f"GPU read failed: {type(exc).__name__}")
 
     @staticmethod
     def _emit(sinks: list[Sink], record: Record) -> None:
@@ -302,6 +304,11 @@ class Collector:
 
 _REGISTRY: dict[tuple[str, str], Collector] = {}
 _REGISTRY_LOCK = threading.Lock()
+
+
+def _gpus_json(reading: GpuReading | None) -> list[dict[str, Any]] | None:
+    """A reading as the recording file holds it (devices only; no reading, no key)."""
+    return [d.to_json() for d in reading.devices] if reading is not None and reading.devices else None
 
 
 def _registry_key(url: str, api_key: str | None) -> tuple[str, str]:

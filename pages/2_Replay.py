@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 import streamlit as st
 
 from diagnostics.core.derive import derive_state
+from diagnostics.core.gpu import GpuReading
 from diagnostics.core.info import TargetStatus
 from diagnostics.core.text import md_escape
 from diagnostics.errors import BadRecording
@@ -69,7 +70,7 @@ widgets.panels(
     window_seconds=end - start + 1,
     quantile_window_seconds=state.quantile_window_seconds(),
     max_num_seqs=state.max_num_seqs(),
-    gpus=recording.records[-1].gpus,
+    gpus=GpuReading.from_json(recording.records[-1].gpus),
     nvml_note="not in this recording",
     key="replay",
 )

@@ -6,7 +6,7 @@ state instead of an empty chart. Units are the ones people use: %, ms, tok/s, Gi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from diagnostics.core.catalog import RATIOS, CacheConfig, Snapshot
 from diagnostics.core.derive import Scrape
+from diagnostics.core.gpu import GpuMemory
 from diagnostics.core.series import (
     QuantileSeries,
     Series,
@@ -270,15 +271,15 @@ def outcomes_figure(history: Sequence[Scrape]) -> go.Figure | None:
 
 
 def gpu_memory_figure(
-    gpus: Sequence[Mapping[str, Any]], config: CacheConfig | None, snapshot: Snapshot | None
+    gpus: Sequence[GpuMemory], config: CacheConfig | None, snapshot: Snapshot | None
 ) -> go.Figure | None:
     """Where the GPU memory went: used vs total per device, the gpu_memory_utilization ceiling,
     the KV pool and the KV bytes in use."""
     if not gpus:
         return None
-    names = [f"GPU {g.get('index')} · {g.get('name', '')}" for g in gpus]
-    used = [g["memory_used_bytes"] / GIB for g in gpus]
-    total = [g["memory_total_bytes"] / GIB for g in gpus]
+    names = [f"GPU {g.index} · {g.name}" for g in gpus]
+    used = [g.memory_used_bytes / GIB for g in gpus]
+    total = [g.memory_total_bytes / GIB for g in gpus]
     fig = go.Figure()
     fig.add_trace(
         go.Bar(

@@ -1,7 +1,7 @@
 """GPU memory through NVML (nvidia-ml-py), when the dashboard runs on the GPU host.
 
-NVML absence is a state, not a crash: :func:`read_gpus` raises :class:`NvmlUnavailable` with the
-reason, and :func:`probe` says why on a machine with no NVIDIA driver. ``pynvml`` is
+NVML absence is a state, not a crash: :func:`read_gpus` returns a :class:`GpuReading` that says
+why there is none, and :func:`probe` says why on a machine with no NVIDIA driver. ``pynvml`` is
 imported lazily so that importing this module never touches the driver.
 """
 
@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from diagnostics.core.gpu import GpuMemory, GpuReading
 from diagnostics.errors import NvmlUnavailable
 
 _lock = threading.Lock()
@@ -37,32 +38,28 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_gpus() -> list[dict[str, Any]]:
-    """One dict per device, in the recording's ``gpus`` shape."""
-    nvml = _nvml()
+def read_gpus() -> GpuReading:
+    """Every device's memory now; never raises: a failure is a reading that says why."""
     try:
-        out = []
+        nvml = _nvml()
+    except NvmlUnavailable as exc:
+        return GpuReading(unavailable=str(exc))
+    try:
+        devices = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            out.append(
-                {
-                    "index": index,
-                    "name": _text(nvml.nvmlDeviceGetName(handle)),
-                    "memory_used_bytes": int(memory.used),
-                    "memory_total_bytes": int(memory.total),
-                }
-            )
-        return out
+            devices.append(GpuMemory(index, _text(nvml.nvmlDeviceGetName(handle)), int(memory.used),
+                                     int(memory.total)))
+        return GpuReading(tuple(devices))
     except nvml.NVMLError as exc:
-        raise NvmlUnavailable(f"NVML query failed ({exc})") from None
+        return GpuReading(unavailable=f"NVML query failed ({exc})")
 
 
-def probe() -> tuple[Callable[[], list[dict[str, Any]] | None] | None, str | None]:
+def probe() -> tuple[Callable[[], GpuReading] | None, str | None]:
     """One NVML read: ``(reader for the collector, None)`` when it works, ``(None, why not)``
     on a host with no usable NVIDIA driver."""
-    try:
-        read_gpus()
-    except NvmlUnavailable as exc:
-        return None, str(exc)
+    first = read_gpus()
+    if first.unavailable is not None:
+        return None, first.unavailable
     return read_gpus, None

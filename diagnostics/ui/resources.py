@@ -15,6 +15,7 @@ import streamlit as st
 
 from diagnostics.collector import Collector, shared_collector
 from diagnostics.core.derive import Scrape
+from diagnostics.core.gpu import GpuReading
 from diagnostics.core.targets import TargetsConfig, targets_from
 from diagnostics.recording import Recording, read_recording
 from diagnostics.sim.server import SimServer
@@ -28,7 +29,7 @@ def simulator() -> SimServer:
 
 
 @st.cache_resource(show_spinner=False)
-def _nvml_reader() -> tuple[Callable[[], list[dict[str, Any]] | None] | None, str | None]:
+def _nvml_reader() -> tuple[Callable[[], GpuReading] | None, str | None]:
     return nvml.probe()
 
 

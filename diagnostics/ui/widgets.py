@@ -18,6 +18,7 @@ import streamlit as st
 from diagnostics.core import figures
 from diagnostics.core.catalog import CacheConfig
 from diagnostics.core.derive import DerivedState, Scrape, last_snapshot, since_start, window
+from diagnostics.core.gpu import GpuReading
 from diagnostics.core.info import ServerInfo, TargetStatus
 from diagnostics.core.sim_scenarios import SCENARIOS
 from diagnostics.core.targets import TargetsConfig
@@ -285,7 +286,7 @@ def panels(
     window_seconds: float,
     quantile_window_seconds: float,
     max_num_seqs: int | None,
-    gpus: Sequence[dict[str, Any]] | None,
+    gpus: GpuReading | None,
     nvml_note: str | None,
     key: str,
     end: float | None = None,
@@ -326,16 +327,18 @@ def panels(
     with left:
         chart(lambda: figures.outcomes_figure(shown), f"{key}-outcomes", "No request finished in this window.")
     with right:
-        if gpus:
+        if gpus is not None and gpus.devices:
+            devices = gpus.devices
             chart(
-                lambda: figures.gpu_memory_figure(gpus, config, last.snapshot if last else None),
+                lambda: figures.gpu_memory_figure(devices, config, last.snapshot if last else None),
                 f"{key}-gpu",
                 "No GPU reading.",
             )
         else:
+            why = gpus.unavailable if gpus is not None and gpus.unavailable else nvml_note
             st.info(
                 "GPU memory: not available here"
-                + (f" ({md_escape(nvml_note)})" if nvml_note else "")
+                + (f" ({md_escape(why)})" if why else "")
                 + ". It is read with NVML when the dashboard runs on the GPU host; vLLM's /metrics has no "
                 "GPU-memory metric."
             )

@@ -12,7 +12,6 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -21,6 +20,7 @@ from streamlit.testing.v1 import AppTest
 
 from diagnostics import collector as collector_module
 from diagnostics.collector import Collector, register
+from diagnostics.core.gpu import GpuMemory, GpuReading
 from diagnostics.recording import read_recording
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration.vllm_server import free_port
@@ -53,7 +53,7 @@ class RecordedServer:
         return httpx.Response(200)
 
 
-def fed_collector(url: str = URL, model_name: str = "tiny", gpus: list[dict[str, Any]] | None = None) -> Collector:
+def fed_collector(url: str = URL, model_name: str = "tiny", gpus: GpuReading | None = None) -> Collector:
     client = VllmClient(url, transport=httpx.MockTransport(RecordedServer(model_name)))
     collector = Collector(client, interval_seconds=0.25, gpu_reader=(lambda: gpus) if gpus else None)
     for _ in range(30):  # the whole recording, scraped now
@@ -237,7 +237,7 @@ def test_capacity_page_with_a_pasted_config() -> None:
 
 
 def test_live_page_draws_gpu_memory_when_nvml_reads_devices() -> None:
-    gpus = [{"index": 0, "name": "NVIDIA H200", "memory_used_bytes": 120 * 2**30, "memory_total_bytes": 141 * 2**30}]
+    gpus = GpuReading((GpuMemory(0, "NVIDIA H200", 120 * 2**30, 141 * 2**30),))
     register(fed_collector(gpus=gpus))
     at = app("pages/1_Live.py").run()
     assert not at.exception

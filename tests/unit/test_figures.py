@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from diagnostics.core import figures
 from diagnostics.core.catalog import parse_snapshot
+from diagnostics.core.gpu import GpuMemory
 from tests.conftest import fixture_text
 from tests.unit.synth import scrape
 
 
 def test_gpu_memory_figure_shows_total_used_pool_and_the_utilization_line() -> None:
     snap = parse_snapshot(fixture_text("metrics-0.32.0-burst.txt"))
-    gpus = [{"index": 0, "name": "H200", "memory_used_bytes": 120 * 2**30, "memory_total_bytes": 141 * 2**30}]
+    gpus = [GpuMemory(0, "H200", 120 * 2**30, 141 * 2**30)]
     fig = figures.gpu_memory_figure(gpus, snap.cache_config, snap)
     assert fig is not None
     assert [t.name for t in fig.data] == ["total", "used (all processes)", "KV pool (kv_cache_memory_bytes)",
