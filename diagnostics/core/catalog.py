@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -151,64 +152,80 @@ def _as_bool(value: str | None) -> bool | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Layout:
+    """Where each concept's numbers sit in a snapshot's value array (offsets), and which spelling
+    the server used. Shared by every scrape of a server whose /metrics keeps its shape — the usual
+    case — so an hour of history costs one array of floats per scrape, not a tree of dicts."""
+
+    spellings: Mapping[str, str]
+    scalars: Mapping[str, Mapping[EngineKey, int]]
+    labelled: Mapping[str, Mapping[str, Mapping[EngineKey, int]]]
+    histograms: Mapping[str, Mapping[EngineKey, tuple[tuple[float, ...], int]]]
+    engines: tuple[EngineKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """One scrape, by concept. Per-engine values keyed by :data:`EngineKey`; totals on demand."""
 
-    gauges: Mapping[str, Mapping[EngineKey, float]]
-    counters: Mapping[str, Mapping[EngineKey, float]]
-    labelled: Mapping[str, Mapping[str, Mapping[EngineKey, float]]]
-    histograms: Mapping[str, Mapping[EngineKey, Histogram]]
+    layout: Layout
+    values: array[float]
     cache_config: CacheConfig | None
-    spellings: Mapping[str, str]
     process_start_time_seconds: float | None = None
 
     @property
+    def spellings(self) -> Mapping[str, str]:
+        return self.layout.spellings
+
+    @property
     def engines(self) -> tuple[EngineKey, ...]:
-        keys: set[EngineKey] = set()
-        for per_engine in (*self.gauges.values(), *self.counters.values()):
-            keys.update(per_engine)
-        return tuple(sorted(keys))
+        return self.layout.engines
 
     def has(self, concept: str) -> bool:
-        return concept in self.spellings
+        return concept in self.layout.spellings
 
     def value(self, concept: str, engine: EngineKey | None = None) -> float | None:
         """A gauge or counter: one engine's value, or the server total (None when absent)."""
-        per_engine = self.gauges.get(concept)
-        if per_engine is None:
-            per_engine = self.counters.get(concept)
-        if not per_engine:
+        offsets = self.layout.scalars.get(concept)
+        if not offsets:
             return None
         if engine is not None:
-            return per_engine.get(engine)
-        total = sum(per_engine.values())
-        return total / len(per_engine) if concept in MEAN_CONCEPTS else total
+            offset = offsets.get(engine)
+            return None if offset is None else self.values[offset]
+        total = sum(self.values[o] for o in offsets.values())
+        return total / len(offsets) if concept in MEAN_CONCEPTS else total
 
     def by_label(self, concept: str, engine: EngineKey | None = None) -> dict[str, float] | None:
         """A labelled gauge or counter as ``{label value: value}`` (summed over engines)."""
-        per_label = self.labelled.get(concept)
+        per_label = self.layout.labelled.get(concept)
         if per_label is None:
             return None
         out: dict[str, float] = {}
-        for label, per_engine in per_label.items():
+        for label, offsets in per_label.items():
             if engine is None:
-                out[label] = sum(per_engine.values())
-            elif engine in per_engine:
-                out[label] = per_engine[engine]
+                out[label] = sum(self.values[o] for o in offsets.values())
+            elif engine in offsets:
+                out[label] = self.values[offsets[engine]]
         return out
 
     def histogram(self, concept: str, engine: EngineKey | None = None) -> Histogram | None:
-        per_engine = self.histograms.get(concept)
+        per_engine = self.layout.histograms.get(concept)
         if not per_engine:
             return None
         if engine is not None:
-            return per_engine.get(engine)
-        hists = list(per_engine.values())
+            where = per_engine.get(engine)
+            return None if where is None else self._histogram_at(*where)
+        hists = [self._histogram_at(bounds, offset) for bounds, offset in per_engine.values()]
         total = hists[0]
         for other in hists[1:]:
             if other.bounds == total.bounds:
                 total = total.plus(other)
         return total
+
+    def _histogram_at(self, bounds: tuple[float, ...], offset: int) -> Histogram:
+        n = len(bounds)
+        v = self.values
+        return Histogram(bounds, tuple(v[offset:offset + n]), v[offset + n], v[offset + n + 1])
 
 
 # History holds thousands of snapshots: share the strings, bounds and configs they repeat.
@@ -304,53 +321,83 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> Snapshot:
             continue
         names.setdefault(sample.name, []).append(sample)
 
-    spellings: dict[str, str] = {}
-    gauges: dict[str, dict[EngineKey, float]] = {}
-    for concept, candidates in GAUGES.items():
-        name, found = _first_present(candidates, names, ("",))
-        if name is not None and found is not None:
-            spellings[concept] = name
-            gauges[concept] = {_engine_key(s.labels): s.value for s in found}
-
-    counters: dict[str, dict[EngineKey, float]] = {}
-    for concept, candidates in COUNTERS.items():
-        name, found = _first_present(candidates, names, ("_total", ""))
-        if name is not None and found is not None:
-            spellings[concept] = name
-            per_engine: dict[EngineKey, float] = {}
-            for s in found:
-                key = _engine_key(s.labels)
-                per_engine[key] = per_engine.get(key, 0.0) + s.value
-            counters[concept] = per_engine
-
-    labelled: dict[str, dict[str, dict[EngineKey, float]]] = {}
-    for table, suffixes in ((LABELLED_GAUGES, ("",)), (LABELLED_COUNTERS, ("_total", ""))):
-        for concept, (candidates, label) in table.items():
+    # The shape of this scrape (what sits where) and its numbers, in one pass.
+    shape: list[tuple[object, ...]] = []
+    values = array("d")
+    for table, suffixes in ((GAUGES, ("",)), (COUNTERS, ("_total", ""))):
+        for concept, candidates in table.items():
             name, found = _first_present(candidates, names, suffixes)
-            if name is not None and found is not None:
-                spellings[concept] = name
-                per_label: dict[str, dict[EngineKey, float]] = {}
-                for s in found:
-                    per_label.setdefault(s.labels.get(label, ""), {})[_engine_key(s.labels)] = s.value
-                labelled[concept] = per_label
-
-    histograms: dict[str, dict[EngineKey, Histogram]] = {}
+            if name is None or found is None:
+                continue
+            per_engine: dict[EngineKey, float] = {}
+            for s in found:  # a counter split over extra labels sums per engine
+                key = _engine_key(s.labels)
+                per_engine[key] = per_engine.get(key, 0.0) + s.value if table is COUNTERS else s.value
+            for key, value in per_engine.items():
+                shape.append(("s", concept, name, key))
+                values.append(value)
+    for labelled_table, labelled_suffixes in ((LABELLED_GAUGES, ("",)), (LABELLED_COUNTERS, ("_total", ""))):
+        for concept, (candidates, label) in labelled_table.items():
+            name, found = _first_present(candidates, names, labelled_suffixes)
+            if name is None or found is None:
+                continue
+            for s in found:
+                shape.append(("l", concept, name, sys.intern(s.labels.get(label, "")), _engine_key(s.labels)))
+                values.append(s.value)
     for concept, candidates in HISTOGRAMS.items():
         name, _ = _first_present(candidates, names, ("_bucket",))
-        if name is not None:
-            hists = _histogram_from(name, names)
-            if hists:
-                spellings[concept] = name
-                histograms[concept] = hists
+        if name is None:
+            continue
+        for key, hist in _histogram_from(name, names).items():
+            shape.append(("h", concept, name, key, hist.bounds))
+            values.extend(hist.cumulative)
+            values.append(hist.sum)
+            values.append(hist.count)
 
     cache_config = None
     info = names.get(CACHE_CONFIG)
     if info:
         engine0 = min(info, key=lambda s: s.labels.get("engine", ""))
         cache_config = _shared_config(engine0.labels)
-        spellings["cache_config"] = CACHE_CONFIG
+    return Snapshot(_layout(tuple(shape), cache_config is not None), values, cache_config, process_start)
 
-    return Snapshot(gauges, counters, labelled, histograms, cache_config, spellings, process_start)
+
+_LAYOUTS: dict[tuple[tuple[object, ...], bool], Layout] = {}
+
+
+def _layout(shape: tuple[tuple[object, ...], ...], has_config: bool) -> Layout:
+    """The layout for a scrape's shape, built once and shared by every scrape of that shape."""
+    found = _LAYOUTS.get((shape, has_config))
+    if found is not None:
+        return found
+    spellings: dict[str, str] = {}
+    scalars: dict[str, dict[EngineKey, int]] = {}
+    labelled: dict[str, dict[str, dict[EngineKey, int]]] = {}
+    histograms: dict[str, dict[EngineKey, tuple[tuple[float, ...], int]]] = {}
+    engines: set[EngineKey] = set()
+    offset = 0
+    for entry in shape:
+        kind, concept, name = entry[0], str(entry[1]), str(entry[2])
+        spellings[concept] = name
+        if kind == "s":
+            key = entry[3]
+            scalars.setdefault(concept, {})[key] = offset  # type: ignore[index]
+            engines.add(key)  # type: ignore[arg-type]
+            offset += 1
+        elif kind == "l":
+            labelled.setdefault(concept, {}).setdefault(str(entry[3]), {})[entry[4]] = offset  # type: ignore[index]
+            offset += 1
+        else:
+            bounds: tuple[float, ...] = entry[4]  # type: ignore[assignment]
+            histograms.setdefault(concept, {})[entry[3]] = (bounds, offset)  # type: ignore[index]
+            offset += len(bounds) + 2
+    if has_config:
+        spellings["cache_config"] = CACHE_CONFIG
+    layout = Layout(spellings, scalars, labelled, histograms, tuple(sorted(engines)))
+    if len(_LAYOUTS) > 64:
+        _LAYOUTS.clear()
+    _LAYOUTS[(shape, has_config)] = layout
+    return layout
 
 
 def parse_snapshot(text: str) -> Snapshot:

@@ -99,3 +99,13 @@ def test_finished_reasons_by_label(burst_text: str) -> None:
     assert parse_snapshot(burst_text).by_label("request_success") == {
         "stop": 0.0, "length": 11.0, "abort": 0.0, "error": 0.0, "repetition": 0.0,
     }
+
+
+def test_scrapes_of_one_server_share_one_layout_and_keep_only_their_numbers(burst_text: str) -> None:
+    """An hour of history is an array of floats per scrape: the layout (what sits where) is shared."""
+    a = parse_snapshot(burst_text)
+    b = parse_snapshot(burst_text.replace('vllm:num_requests_running{engine="0",model_name="tiny"} 30.0',
+                                          'vllm:num_requests_running{engine="0",model_name="tiny"} 7.0'))
+    assert a.layout is b.layout
+    assert a.value("num_requests_running") == 30.0 and b.value("num_requests_running") == 7.0
+    assert a.values.typecode == "d" and len(a.values) < 400
