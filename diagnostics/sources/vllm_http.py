@@ -79,6 +79,9 @@ class VllmClient:
             base_url=self.base_url,
             headers=headers,
             timeout=timeout_seconds,
+            # A fresh connection per request (one a second at most): the deadline finds its socket
+            # through the connect event, which a kept-alive connection would not fire again.
+            limits=httpx.Limits(max_keepalive_connections=0),
             transport=transport,
             follow_redirects=True,
             trust_env=False,
@@ -92,18 +95,22 @@ class VllmClient:
 
     def _get(self, path: str) -> tuple[bytes, str]:
         """GET ``path`` within ``timeout_seconds`` in all: httpx's timeout bounds each read, so a
-        server that trickles its body a line at a time would hold the caller for many timeouts. A
-        timer shuts the socket down at the deadline, which ends a read blocked on it."""
+        server that trickles its status line, headers or body would hold the caller for many
+        timeouts. A timer shuts the request's socket down at the deadline (the trace hook hands
+        it over as soon as it is connected), which ends a read blocked on it."""
         deadline = time.monotonic() + self.timeout_seconds
+        streams: list[Any] = []
+
+        def trace(event: str, info: dict[str, Any]) -> None:
+            if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+                streams.append(info.get("return_value"))
+
+        timer = threading.Timer(self.timeout_seconds, _shutdown, (streams,))
+        timer.daemon = True
+        timer.start()
         try:
-            with self._http.stream("GET", path) as response:
-                timer = threading.Timer(max(0.0, deadline - time.monotonic()), _shutdown, (response,))
-                timer.daemon = True
-                timer.start()
-                try:
-                    return self._read(path, response, deadline)
-                finally:
-                    timer.cancel()
+            with self._http.stream("GET", path, extensions={"trace": trace}) as response:
+                return self._read(path, response, deadline)
         except TargetError:
             raise
         except httpx.TimeoutException:
@@ -114,6 +121,8 @@ class VllmClient:
             if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
                 raise TargetUnreachable(f"cannot reach {self.base_url}: {_short(exc)}") from None
             raise TargetUnreachable(f"{path} failed: {_short(exc)}") from None
+        finally:
+            timer.cancel()
 
     def _read(self, path: str, response: httpx.Response, deadline: float) -> tuple[bytes, str]:
         if response.status_code >= 400:
@@ -167,13 +176,13 @@ class VllmClient:
         return text
 
 
-def _shutdown(response: httpx.Response) -> None:
-    """Wake a read blocked on the response's socket (closing it from another thread would not)."""
-    stream = response.extensions.get("network_stream")
-    sock = stream.get_extra_info("socket") if stream is not None else None
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+def _shutdown(streams: list[Any]) -> None:
+    """Wake a read blocked on the request's socket (closing it from another thread would not)."""
+    for stream in list(streams):
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 def _short(exc: Exception) -> str:

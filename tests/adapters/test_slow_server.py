@@ -38,9 +38,25 @@ class Trickle(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def trickling_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+class TrickleHeaders(BaseHTTPRequestHandler):
+    """The status line, then one header line every 1.5 s: slow before any body exists."""
+
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        try:
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            for i in range(20):
+                self.wfile.write(f"X-Slow-{i}: yes\r\n".encode())
+                self.wfile.flush()
+                time.sleep(LINE_EVERY_SECONDS)
+        except OSError:
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -49,8 +65,26 @@ def trickling_url() -> Iterator[str]:
     server.server_close()
 
 
+@pytest.fixture
+def trickling_url() -> Iterator[str]:
+    yield from _serve(Trickle)
+
+
+@pytest.fixture
+def trickling_headers_url() -> Iterator[str]:
+    yield from _serve(TrickleHeaders)
+
+
 def test_a_trickling_body_times_out_within_the_timeout(trickling_url: str) -> None:
     client = VllmClient(trickling_url, timeout_seconds=2.0)
+    start = time.monotonic()
+    with pytest.raises(TargetTimeout):
+        client.metrics_text()
+    assert time.monotonic() - start < 2.5
+
+
+def test_trickling_headers_time_out_within_the_timeout(trickling_headers_url: str) -> None:
+    client = VllmClient(trickling_headers_url, timeout_seconds=2.0)
     start = time.monotonic()
     with pytest.raises(TargetTimeout):
         client.metrics_text()
