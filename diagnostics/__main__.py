@@ -436,6 +436,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception:
+        if not diagnosing:
+            raise
+        # A bug must not read as a finding: for a monitoring check it is UNKNOWN, with the traceback.
+        import traceback
+
+        traceback.print_exc()
+        return EXIT_UNKNOWN
 
 
 if __name__ == "__main__":

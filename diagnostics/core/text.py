@@ -69,7 +69,14 @@ def fmt_optional(value: object, suffix: str = "") -> str:
 def evidence_rows(evidence: dict[str, object]) -> list[tuple[str, str]]:
     """A finding's evidence in words and units a person reads: keys carry their unit (``_seconds``,
     ``_perc``, ``_bytes``, ``_ms``), which becomes ms or s, %, GiB; the JSON keeps the SI values."""
-    return [(_evidence_label(key), _evidence_value(key, value)) for key, value in evidence.items()]
+    rows = []
+    for key, value in evidence.items():
+        if key.endswith("_bound"):
+            continue  # shown with its value ("< 10 ms")
+        text = _evidence_value(key, value)
+        bound = evidence.get(key.removesuffix("_seconds") + "_bound") if key.endswith("_seconds") else None
+        rows.append((_evidence_label(key), f"{bound} {text}" if bound else text))
+    return rows
 
 
 _UNIT_SUFFIXES = ("_seconds", "_perc", "_bytes", "_ms")

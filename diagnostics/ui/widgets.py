@@ -105,7 +105,8 @@ def sidebar(config: TargetsConfig) -> Selected | None:
             state.API_KEY,
             "API key (optional)",
             type="password",
-            help="Sent as a bearer token; never shown or saved. Defaults to $VLLM_API_KEY.",
+            help="Sent as a bearer token to this URL only; never shown or saved. A key configured for a "
+            "listed target ($VLLM_API_KEY, secrets) is never sent to a URL typed here.",
         )
     try:
         selected = resolve(config)
@@ -262,7 +263,9 @@ def headline(derived: DerivedState, status: TargetStatus | None = None, history:
         cols = st.columns(6)
         cols[0].metric("Preemptions (since start)", _num(lifetime.num_preemptions))
         cols[1].metric("Prefix hit rate (since start)", _pct(lifetime.prefix_cache_hit_rate))
-        for i, (reason, count) in enumerate(sorted((lifetime.requests_finished or {}).items())[:4]):
+        reasons = sorted(((r, c) for r, c in (lifetime.requests_finished or {}).items() if c > 0),
+                         key=lambda rc: -rc[1])  # the most common first: usually "stop"
+        for i, (reason, count) in enumerate(reasons[:4]):
             cols[2 + i].metric(f"Finished: {reason} (since start)", _num(count))
 
 

@@ -4,6 +4,7 @@ a viewer types gets no configured key. A real loopback server records the header
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -101,3 +102,39 @@ def test_a_configured_key_follows_its_url_however_it_is_spelled() -> None:
     config = targets_from({"targets": {"a": {"url": "http://h:1", "api_key_env": "K"}}}, {"K": "k"})
     assert config.key_for("HTTP://h:1/") == "k" and config.key_for("h:1") == "k"
     assert config.key_for("http://h:2") is None
+
+
+def test_a_locked_deployment_never_scrapes_a_typed_url(recorder: tuple[str, list[str | None]]) -> None:
+    """allow_custom_targets = "false" (a string, as people write it) in secrets: a custom URL left in
+    the session is not scraped, and the sidebar offers only the listed target."""
+    url, seen = recorder
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
+    at.secrets["allow_custom_targets"] = "false"
+    at.secrets["targets"] = {"prod": "http://127.0.0.1:9"}
+    at.session_state["target_name"] = "custom URL…"
+    at.session_state["custom_url"] = url
+    at.run()
+    assert not at.exception
+    collector_module.stop_all()
+    assert seen == []
+    assert not [t for t in at.sidebar.text_input if t.label == "vLLM URL"]
+
+
+def test_configured_targets_are_collected_before_any_page_runs(
+    recorder: tuple[str, list[str | None]]
+) -> None:
+    """The flight recorder of `python -m diagnostics serve`: collectors for the configured targets
+    start from secrets and the environment alone, with no Streamlit session."""
+    from diagnostics.ui.serve import start_flight_recorders
+
+    url, seen = recorder
+    started = start_flight_recorders({"targets": {"prod": {"url": url, "api_key": "k-prod"}}}, {})
+    try:
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [c.target for c in started] == [url]
+        assert seen and seen[0] == "Bearer k-prod"
+        assert collector_module.shared_collector(url, "k-prod") is started[0]  # what the pages will find
+    finally:
+        collector_module.stop_all()

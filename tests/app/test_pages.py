@@ -247,8 +247,11 @@ def test_live_page_draws_gpu_memory_when_nvml_reads_devices() -> None:
 
 def test_the_first_scrape_shows_the_servers_counters_since_start() -> None:
     """One scrape gives no rate, but the server's counters hold everything since it started: the
-    real burst payload had 11 requests finished by length, 2,048 of 5,453 queried tokens hit."""
-    text = (ROOT / "tests" / "fixtures" / "metrics-0.32.0-burst.txt").read_text()
+    real burst payload had 11 requests finished by length (here also 500 by stop), 2,048 of 5,453
+    queried tokens hit."""
+    text = (ROOT / "tests" / "fixtures" / "metrics-0.32.0-burst.txt").read_text().replace(
+        'vllm:request_success_total{engine="0",finished_reason="stop",model_name="tiny"} 0.0',
+        'vllm:request_success_total{engine="0",finished_reason="stop",model_name="tiny"} 500.0')
     client = VllmClient(URL, transport=httpx.MockTransport(
         lambda r: httpx.Response(200, text=text) if r.url.path == "/metrics" else httpx.Response(404)))
     collector = Collector(client, interval_seconds=60)
@@ -259,4 +262,6 @@ def test_the_first_scrape_shows_the_servers_counters_since_start() -> None:
     assert any("Since the server started" in c.value for c in at.caption)
     assert metric(at, "Preemptions (since start)") == "0"
     assert metric(at, "Prefix hit rate (since start)") == "37.6 %"  # 2,048 / 5,453
+    assert metric(at, "Finished: stop (since start)") == "500"  # the most common reason first
     assert metric(at, "Finished: length (since start)") == "11"
+    assert not [m for m in at.metric if m.label == "Finished: abort (since start)"]  # zero: not shown

@@ -497,3 +497,14 @@ def test_a_ttft_p95_in_the_first_bucket_is_not_over_a_budget_below_that_bucket()
     says "< 100 ms", so the rule cannot claim the budget is missed."""
     findings = diagnose(prepare(_ttft_history(0, 0.6, 0.2, 0.3), budgets=Budgets(ttft_ms=50)))
     assert not [f for f in findings if f.id.startswith("ttft")]
+
+
+def test_an_itl_p95_in_the_first_bucket_is_not_over_a_budget_below_that_bucket() -> None:
+    """Every gap ≤ 10 ms (vLLM's first ITL bucket) and a 5 ms budget: interpolation would say
+    9.5 ms > 5 ms, but the bucket only says "< 10 ms"; the evidence carries the bound."""
+    history = [scrape(float(t), gen=100 * t, running=8, itl_counts=[50 * t] + [0] * 13, itl_sum=0.0) for t in range(10)]
+    findings = diagnose(prepare(history, budgets=Budgets(itl_ms=5)))
+    assert "slow_decode" not in ids(findings)
+    unset = next(f for f in diagnose(prepare(history)) if f.id == "itl_budget_unset")
+    assert (unset.evidence["itl_p95_seconds"], unset.evidence["itl_p95_bound"]) == (0.01, "<")
+    assert "< 10 ms" in unset.title

@@ -15,3 +15,9 @@ def test_evidence_reads_in_units_a_person_reads() -> None:
     assert rows["max kv cache usage"] == "98.7 %" and rows["kv cache memory"] == "64.0 MiB"
     assert rows["itl budget"] == "50 ms" and rows["preemptions"] == "1,234" and rows["ongoing"] == "yes"
     assert rows["requests running at onset"] == "10" and rows["window"].startswith("60 s ending ")
+
+
+def test_a_bounded_quantile_reads_as_its_bound_in_one_row() -> None:
+    rows = evidence_rows({"itl_p95_seconds": 0.01, "itl_p95_bound": "<", "ttft_p95_seconds": 0.5,
+                          "ttft_p95_bound": None})
+    assert rows == [("itl p95", "< 10 ms"), ("ttft p95", "500 ms")]

@@ -14,11 +14,17 @@ import math
 from typing import Any
 
 from diagnostics.core.catalog import Histogram
-from diagnostics.core.derive import histogram_delta, histogram_quantile, merge_histograms, quantile_estimate
+from diagnostics.core.derive import (
+    Quantile,
+    histogram_delta,
+    histogram_quantile,
+    merge_histograms,
+    quantile_estimate,
+)
 from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
-from diagnostics.core.text import fmt_latency
+from diagnostics.core.text import fmt_latency, fmt_seconds_as_ms
 
 # -- helpers ---------------------------------------------------------------------------------------
 
@@ -30,6 +36,18 @@ def _span(ctx: Context) -> dict[str, float]:
 
 def _whole(ctx: Context) -> tuple[float, float]:
     return ctx.history[0].ts, ctx.history[-1].ts
+
+
+def _ms_or_bound(seconds: float, first_bound: float) -> str:
+    """A median of interval medians, shown as "< bound" when it lies in the histogram's first bucket."""
+    return f"< {fmt_seconds_as_ms(first_bound)}" if seconds <= first_bound else fmt_seconds_as_ms(seconds)
+
+
+def quantile_evidence(key: str, q: Quantile) -> dict[str, Any]:
+    """A quantile for a finding's evidence: the number, or the bucket edge it is bounded by."""
+    bound = {"below": "<", "above": ">"}.get(q.bound or "")
+    value = q.upper if bound == "<" else q.lower if bound == ">" else q.value
+    return {f"{key}_seconds": value, f"{key}_bound": bound}
 
 
 def _fmt_s(seconds: float) -> str:
@@ -385,16 +403,14 @@ def slow_decode(ctx: Context) -> list[Finding]:
     whole = quantile_estimate(0.95, merge_histograms([iv.itl for iv in prof.intervals]))
     if whole is None:
         return []
-    p95 = whole.value
     if budget_ms is None:
         return [Finding(id="itl_budget_unset", severity="info",
                         title=f"ITL p95 is {fmt_latency(whole)}; no ITL budget given, so decode speed is not judged",
-                        evidence={"itl_p95_seconds": p95, "window": _span(ctx)},
+                        evidence={**quantile_evidence("itl_p95", whole), "window": _span(ctx)},
                         checks=("Pass --itl-budget-ms (CLI) or set the budget on the Diagnose page.",))]
     rest = quantile_estimate(0.95, prof.outside_blocking())
     if rest is None or not rest.over(budget_ms / 1000):
         return []
-    rest_p95 = rest.value
     defended = defended_batch(prof.intervals, budget_ms / 1000)
     peak = max((iv.num_requests_running for iv in prof.intervals), default=0.0)
     fewer = Suggestion(
@@ -410,13 +426,15 @@ def slow_decode(ctx: Context) -> list[Finding]:
         suggestions.append(Suggestion("--kv-cache-dtype", "set", "fp8",
                                       "Fewer KV bytes read per decode step, if accuracy allows."))
     low, high = prof.p50_at_low_running_seconds, prof.p50_at_high_running_seconds
-    rise = f"; median ITL {low * 1000:.0f} → {high * 1000:.0f} ms as the batch grew" if low and high else ""
+    first_bound = prof.intervals[0].itl.bounds[0] if prof.intervals else 0.0
+    rise = (f"; median ITL {_ms_or_bound(low, first_bound)} → {_ms_or_bound(high, first_bound)} as the batch grew"
+            if low and high else "")
     return [
         Finding(
             id="slow_decode",
             severity="warning",
-            title=f"Decode slower than the budget: ITL p95 {rest_p95 * 1000:.0f} ms > {budget_ms:g} ms{rise}",
-            evidence={"itl_p95_seconds": rest_p95, "itl_p95_with_head_of_line_seconds": p95,
+            title=f"Decode slower than the budget: ITL p95 {fmt_latency(rest)} > {budget_ms:g} ms{rise}",
+            evidence={**quantile_evidence("itl_p95", rest), **quantile_evidence("itl_p95_with_head_of_line", whole),
                       "itl_budget_ms": budget_ms, "peak_num_requests_running": peak,
                       "defended_num_requests_running": defended,
                       "itl_p50_at_low_running_seconds": low, "itl_p50_at_high_running_seconds": high,
@@ -463,11 +481,10 @@ def ttft(ctx: Context) -> list[Finding]:
     est = quantile_estimate(0.95, histogram_delta(ctx.history, "time_to_first_token_seconds"))
     if est is None or budget_ms is None or not est.over(budget_ms / 1000):
         return []  # a p95 in the first bucket is only "< its bound": never over budget by interpolation
-    p95 = est.value
     queue = _mean_from(histogram_delta(ctx.history, "request_queue_time_seconds"))
     prefill = _mean_from(histogram_delta(ctx.history, "request_prefill_time_seconds"))
     usage = _max_gauge(ctx, "kv_cache_usage_perc")
-    evidence = {"ttft_p95_seconds": p95, "ttft_budget_ms": budget_ms, "mean_queue_seconds": queue,
+    evidence = {**quantile_evidence("ttft_p95", est), "ttft_budget_ms": budget_ms, "mean_queue_seconds": queue,
                 "mean_prefill_seconds": prefill, "max_kv_cache_usage_perc": usage, "window": _span(ctx)}
     if queue is not None and prefill is not None and queue >= prefill:
         if usage < t.kv_low_perc:
@@ -479,7 +496,7 @@ def ttft(ctx: Context) -> list[Finding]:
             suggestion = _suggest_more_kv(flags, t, None)[0]
         return [Finding(
             id="ttft_queue_dominated", severity="warning",
-            title=f"TTFT p95 {p95 * 1000:.0f} ms > {budget_ms:g} ms, mostly queue time "
+            title=f"TTFT p95 {fmt_latency(est)} > {budget_ms:g} ms, mostly queue time "
             f"({queue * 1000:.0f} ms queued vs {prefill * 1000:.0f} ms prefill on average)",
             evidence=evidence, suggestions=(suggestion,),
             checks=("A capacity problem: see the queueing and KV-pressure findings for which resource is short.",),
@@ -493,7 +510,7 @@ def ttft(ctx: Context) -> list[Finding]:
                                       "Repeated prefixes are then served from cache instead of recomputed."))
     return [Finding(
         id="ttft_prefill_dominated", severity="warning",
-        title=f"TTFT p95 {p95 * 1000:.0f} ms > {budget_ms:g} ms, mostly prefill time",
+        title=f"TTFT p95 {fmt_latency(est)} > {budget_ms:g} ms, mostly prefill time",
         evidence=evidence, suggestions=tuple(suggestions),
         checks=("Check the prefix-cache hit rate: shared system prompts should hit.",
                 "A larger prefill budget can raise ITL for running sequences (head-of-line blocking)."),
