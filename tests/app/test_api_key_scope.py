@@ -10,7 +10,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from diagnostics import collector as collector_module
@@ -45,14 +44,6 @@ def recorder() -> Iterator[tuple[str, list[str | None]]]:
     yield f"http://127.0.0.1:{server.server_address[1]}", seen
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture(autouse=True)
-def clean() -> Iterator[None]:
-    st.cache_resource.clear()
-    yield
-    collector_module.stop_all()
-    st.cache_resource.clear()
 
 
 def _scrape_via_app(url: str, *, custom: bool) -> None:

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from diagnostics import collector as collector_module
 from diagnostics.collector import Collector, register
 from diagnostics.core.gpu import GpuMemory, GpuReading
 from diagnostics.recording import read_recording
@@ -59,14 +55,6 @@ def fed_collector(url: str = URL, model_name: str = "tiny", gpus: GpuReading | N
     for _ in range(30):  # the whole recording, scraped now
         collector.scrape_once()
     return collector
-
-
-@pytest.fixture(autouse=True)
-def clean_caches() -> Iterator[None]:
-    st.cache_resource.clear()
-    yield
-    collector_module.stop_all()
-    st.cache_resource.clear()
 
 
 def app(page: str | None = None, url: str | None = URL) -> AppTest:
