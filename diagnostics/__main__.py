@@ -151,8 +151,7 @@ def status_object(
         for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
             # A quantile in the first bucket is a bound ("<" its upper edge), not a number.
             est = state.quantile(concept, q)
-            bound = {"below": "<", "above": ">"}.get(est.bound or "") if est else None
-            value = None if est is None else est.upper if bound == "<" else est.lower if bound == ">" else est.value
+            value, bound = est.reported() if est is not None else (None, None)
             obj[f"{short}_{name}_seconds"] = _finite(value)
             obj[f"{short}_{name}_bound"] = bound
     for key in (

@@ -268,18 +268,6 @@ def _shared_config(labels: Mapping[str, str]) -> CacheConfig:
     return config
 
 
-def _plateau_shared(values: list[float]) -> tuple[float, ...]:
-    """Cumulative counts plateau: let equal neighbours share one float object."""
-    out: list[float] = []
-    prev: float | None = None
-    for v in values:
-        if prev is not None and v == prev:
-            v = prev
-        out.append(v)
-        prev = v
-    return tuple(out)
-
-
 def _first_present(
     spellings: Iterable[str], names: Mapping[str, list[Sample]], suffixes: tuple[str, ...]
 ) -> tuple[str, list[Sample]] | tuple[None, None]:
@@ -306,7 +294,7 @@ def _histogram_from(name: str, names: Mapping[str, list[Sample]]) -> dict[Engine
         bounds = _shared_bounds(tuple(b for b, _ in pairs))
         if not bounds or bounds[-1] != math.inf:
             continue
-        cumulative = _plateau_shared([c for _, c in pairs])
+        cumulative = tuple(c for _, c in pairs)
         out[key] = Histogram(bounds, cumulative, sums.get(key, math.nan), counts.get(key, cumulative[-1]))
     return out
 

@@ -209,6 +209,14 @@ class Quantile:
     upper: float
     bound: str | None = None
 
+    def reported(self) -> tuple[float, str | None]:
+        """What a report may state: the number, or the bucket edge with "<" / ">"."""
+        if self.bound == "below":
+            return self.upper, "<"
+        if self.bound == "above":
+            return self.lower, ">"
+        return self.value, None
+
     def over(self, threshold: float) -> bool:
         """Certainly or by interpolation above ``threshold``; never for a first-bucket bound."""
         if self.bound == "below":

@@ -24,7 +24,7 @@ from diagnostics.core.info import ServerInfo
 @dataclass(frozen=True, slots=True)
 class Interval:
     """Between two consecutive good scrapes: what the counters and histograms gained (None when the
-    server does not expose them) and the gauges at the interval's end."""
+    server does not expose them) and the running count at the interval's end."""
 
     start: float
     end: float
@@ -38,8 +38,6 @@ class Interval:
     prefix_cache_queries: float | None
     num_preemptions: float | None
     num_requests_running: float | None
-    num_requests_waiting: float | None
-    kv_cache_usage_perc: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +159,6 @@ def _interval(prev: tuple[Scrape, Snapshot], cur: tuple[Scrape, Snapshot]) -> In
         prefix_cache_queries=_counter(a, b, "prefix_cache_queries", restart),
         num_preemptions=_counter(a, b, "num_preemptions", restart),
         num_requests_running=b.value("num_requests_running"),
-        num_requests_waiting=b.value("num_requests_waiting"),
-        kv_cache_usage_perc=b.value("kv_cache_usage_perc"),
     )
 
 

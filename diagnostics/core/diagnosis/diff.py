@@ -14,25 +14,26 @@ class CommandDiff:
     after: str
 
 
+# The known flags a `vllm serve` line spells with a value, in the order the line shows them.
+_VALUED_FLAGS = (
+    ("--max-model-len", "max_model_len"),
+    ("--max-num-seqs", "max_num_seqs"),
+    ("--max-num-batched-tokens", "max_num_batched_tokens"),
+    ("--gpu-memory-utilization", "gpu_memory_utilization"),
+    ("--kv-cache-dtype", "cache_dtype"),
+    ("--num-gpu-blocks-override", "num_gpu_blocks_override"),
+    ("--kv-cache-memory-bytes", "kv_cache_memory_bytes"),
+    ("--tensor-parallel-size", "tensor_parallel_size"),
+)
+
+
 def command_diff(flags: KnownFlags, suggestions: Sequence[Suggestion]) -> CommandDiff:
     """The `vllm serve` line before and after the suggested changes (unknown values shown as <…>)."""
     current: dict[str, str | None] = {}
-    if flags.max_model_len:
-        current["--max-model-len"] = str(flags.max_model_len)
-    if flags.max_num_seqs:
-        current["--max-num-seqs"] = str(flags.max_num_seqs)
-    if flags.max_num_batched_tokens:
-        current["--max-num-batched-tokens"] = str(flags.max_num_batched_tokens)
-    if flags.gpu_memory_utilization is not None:
-        current["--gpu-memory-utilization"] = f"{flags.gpu_memory_utilization:g}"
-    if flags.cache_dtype and flags.cache_dtype != "auto":
-        current["--kv-cache-dtype"] = flags.cache_dtype
-    if flags.num_gpu_blocks_override:
-        current["--num-gpu-blocks-override"] = str(flags.num_gpu_blocks_override)
-    if flags.kv_cache_memory_bytes:
-        current["--kv-cache-memory-bytes"] = str(flags.kv_cache_memory_bytes)
-    if flags.tensor_parallel_size:
-        current["--tensor-parallel-size"] = str(flags.tensor_parallel_size)
+    for flag, attr in _VALUED_FLAGS:
+        value = getattr(flags, attr)
+        if value is not None and value != "auto":
+            current[flag] = f"{value:g}" if isinstance(value, float) else str(value)
     if flags.enable_prefix_caching is False:
         current["--no-enable-prefix-caching"] = None
     after = dict(current)

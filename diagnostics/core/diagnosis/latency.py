@@ -36,7 +36,6 @@ class IntervalItl:
     p99_seconds: float | None
     num_requests_running: float
     steps: Histogram | None  # tokens per engine step (iteration_tokens delta; None: not exposed)
-    big_steps: float | None  # engine steps with more than hol_big_step_tokens tokens (None: not exposed)
     computed_prefill_tokens: float  # prompt tokens not served from the prefix cache
 
 
@@ -84,7 +83,7 @@ def itl_profile(
     prefill tokens); ``prompt_len`` the window's ``request_prompt_tokens`` delta."""
     intervals = tuple(
         IntervalItl(start, end, itl, histogram_quantile(0.5, itl), histogram_quantile(0.99, itl), running, steps,
-                    count_above(steps, t.hol_big_step_tokens) if steps is not None else None, prefill)
+                    prefill)
         for start, end, itl, steps, running, prefill in rows
         if itl is not None and itl.count > 0
     )

@@ -16,6 +16,7 @@ from typing import Any
 from diagnostics.core.catalog import Histogram
 from diagnostics.core.derive import (
     Quantile,
+    count_above,
     histogram_delta,
     histogram_quantile,
     merge_histograms,
@@ -45,8 +46,7 @@ def _ms_or_bound(seconds: float, first_bound: float) -> str:
 
 def quantile_evidence(key: str, q: Quantile) -> dict[str, Any]:
     """A quantile for a finding's evidence: the number, or the bucket edge it is bounded by."""
-    bound = {"below": "<", "above": ">"}.get(q.bound or "")
-    value = q.upper if bound == "<" else q.lower if bound == ">" else q.value
+    value, bound = q.reported()
     return {f"{key}_seconds": value, f"{key}_bound": bound}
 
 
@@ -312,7 +312,7 @@ def head_of_line(ctx: Context) -> list[Finding]:
     share = max(prof.tail_share(iv) for iv in blocking)
     window = merge_histograms([iv.itl for iv in prof.intervals])
     p50, p99 = histogram_quantile(0.5, window), histogram_quantile(0.99, window)
-    big = [iv.big_steps for iv in prof.intervals if iv.big_steps is not None]
+    big = [count_above(iv.steps, t.hol_big_step_tokens) for iv in prof.intervals if iv.steps is not None]
     value, step_tokens = _chunk_budget(ctx)
     why = (f"Steps of about {step_tokens:,.0f} tokens stretched decode gaps from "
            f"{prof.baseline_p50_seconds * 1000:.0f} to {worst_p99 * 1000:.0f} ms; at that cost per token, chunks of "
