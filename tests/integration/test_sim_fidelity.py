@@ -79,7 +79,9 @@ def test_burst_kv_trajectory_and_preemption_onset_are_close(vllm_tiny: VllmServe
           f"{real_onset:.2f} s / sim {sim_onset:.2f} s; preemptions real {real_pre:.0f} / sim {sim_pre}; "
           f"burst done real {real_duration:.2f} s / sim {sim_duration:.2f} s")
     assert sim_full is not None and sim_onset is not None
-    assert abs(sim_full - real_full) <= 1.0
-    assert abs(sim_onset - real_onset) <= 1.0
+    # The simulator's CPU preset is fitted to one machine's speed; on a slower or busier one every
+    # real step takes longer. Compare where in the burst each event falls, not wall-clock seconds.
+    assert abs(sim_full / sim_duration - real_full / real_duration) <= 0.25
+    assert abs(sim_onset / sim_duration - real_onset / real_duration) <= 0.25
     assert real_pre > 0 and sim_pre > 0 and 0.25 <= sim_pre / real_pre <= 4
     assert 0.33 <= sim_duration / real_duration <= 3
