@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from diagnostics.collector import Collector
 from diagnostics.core.capacity import ModelShape
+from diagnostics.core.catalog import Snapshot
 from diagnostics.core.sim_engine import GPU_SPECS, EngineConfig, SimEngine
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
@@ -21,8 +23,16 @@ from tests.integration.vllm_server import VllmServer
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ModelShape.from_config(json.loads((ROOT / "tests/fixtures/tiny-config.json").read_text()), num_params=4.2e6)
-TINY = EngineConfig(model=SHAPE, gpu=GPU_SPECS["CPU-2core"], block_size=128, num_gpu_blocks=12, max_model_len=1024,
-                    max_num_seqs=128, max_num_batched_tokens=2048, served_model_name="tiny")
+TINY = EngineConfig(
+    model=SHAPE,
+    gpu=GPU_SPECS["CPU-2core"],
+    block_size=128,
+    num_gpu_blocks=12,
+    max_model_len=1024,
+    max_num_seqs=128,
+    max_num_batched_tokens=2048,
+    served_model_name="tiny",
+)
 
 
 def sim_request(engine: SimEngine, prompt: list[int], max_tokens: int = 1) -> int:
@@ -57,10 +67,21 @@ def test_burst_kv_trajectory_and_preemption_onset_are_close(vllm_tiny: VllmServe
     collector.stop()
     real = [(s.ts - t0, s.snapshot) for s in collector.history() if s.snapshot is not None and s.ts >= t0 - 0.3]
     base_pre = real[0][1].value("num_preemptions") or 0
-    real_onset = next(t for t, s in real if (s.value("num_preemptions") or 0) > base_pre)
-    real_full = next(t for t, s in real if (s.value("kv_cache_usage_perc") or 0) >= 0.99)
+
+    def first(seen: Callable[[Snapshot], bool], after: float = -1.0) -> tuple[float, float]:
+        """When the real event happened, as the scrapes bracket it: (last scrape without it, first
+        with it). A busy 2-core server answers /metrics late, so the bracket can be wide."""
+        before = real[0][0]
+        for t, snap in real:
+            if t > after and seen(snap):
+                return before, t
+            before = t
+        raise AssertionError(f"the real server never showed it in {len(real)} scrapes")
+
+    real_onset = first(lambda s: (s.value("num_preemptions") or 0) > base_pre)
+    real_full = first(lambda s: (s.value("kv_cache_usage_perc") or 0) >= 0.99)
     real_pre = (real[-1][1].value("num_preemptions") or 0) - base_pre
-    real_duration = next(t for t, s in real if (s.value("num_requests_running") or 0) == 0 and t > real_full)
+    real_duration = first(lambda s: (s.value("num_requests_running") or 0) == 0, after=real_full[1])[1]
 
     engine = SimEngine(TINY)
     for _ in range(30):
@@ -75,13 +96,17 @@ def test_burst_kv_trajectory_and_preemption_onset_are_close(vllm_tiny: VllmServe
         if stats.kv_cache_usage_perc >= 0.99 and sim_full is None:
             sim_full = engine.now
     sim_duration = engine.now
-    print(f"fidelity: KV full at real {real_full:.2f} s / sim {sim_full:.2f} s; first preemption real "
-          f"{real_onset:.2f} s / sim {sim_onset:.2f} s; preemptions real {real_pre:.0f} / sim {sim_pre}; "
-          f"burst done real {real_duration:.2f} s / sim {sim_duration:.2f} s")
+    print(
+        f"fidelity: KV full at real {real_full[0]:.2f}..{real_full[1]:.2f} s / sim {sim_full:.2f} s; first "
+        f"preemption real {real_onset[0]:.2f}..{real_onset[1]:.2f} s / sim {sim_onset:.2f} s; preemptions real "
+        f"{real_pre:.0f} / sim {sim_pre}; burst done real {real_duration:.2f} s / sim {sim_duration:.2f} s; "
+        f"{len(real)} scrapes"
+    )
     assert sim_full is not None and sim_onset is not None
     # The simulator's CPU preset is fitted to one machine's speed; on a slower or busier one every
-    # real step takes longer. Compare where in the burst each event falls, not wall-clock seconds.
-    assert abs(sim_full / sim_duration - real_full / real_duration) <= 0.25
-    assert abs(sim_onset / sim_duration - real_onset / real_duration) <= 0.25
+    # real step takes longer. Compare where in the burst each event falls, not wall-clock seconds,
+    # and only as precisely as the scrapes bracket the real event.
+    for sim_t, (lo, hi) in ((sim_full, real_full), (sim_onset, real_onset)):
+        assert lo / real_duration - 0.25 <= sim_t / sim_duration <= hi / real_duration + 0.25
     assert real_pre > 0 and sim_pre > 0 and 0.25 <= sim_pre / real_pre <= 4
     assert 0.33 <= sim_duration / real_duration <= 3
