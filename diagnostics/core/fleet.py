@@ -1,0 +1,178 @@
+"""The fleet view (pure): one row per instance, what stands out, and a fleet-wide diagnosis.
+
+Rows are built from the concept queries' answers (:data:`~diagnostics.core.promql.FLEET_COLUMNS`)
+and each instance's own diagnosis; :func:`outliers` marks the cells an on-call engineer should look
+at first, :func:`fleet_findings` says what several replicas share ("3 of 8 replicas preempting; all
+on model m").
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnostics.core.diagnosis.types import SEVERITY_ORDER, Finding
+from diagnostics.core.promql import Discovered
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRow:
+    instance: str
+    model: str | None
+    up: bool | None
+    values: Mapping[str, float | None]
+    findings: tuple[Finding, ...] = ()
+    error: str | None = None  # why this instance's diagnosis could not run
+
+    @property
+    def worst(self) -> Finding | None:
+        return min(self.findings, key=lambda f: SEVERITY_ORDER[f.severity], default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        worst = self.worst
+        return {
+            "instance": self.instance,
+            "model": self.model,
+            "up": self.up,
+            **{k: _clean(v) for k, v in self.values.items()},
+            "worst_finding": None if worst is None else {"id": worst.id, "severity": worst.severity, "title": worst.title},
+            "findings": [f.id for f in self.findings],
+            "error": self.error,
+        }
+
+
+def _clean(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else value
+
+
+def rows(
+    instances: Sequence[Discovered],
+    columns: Mapping[str, Mapping[str, float]],
+    findings: Mapping[str, Sequence[Finding]] | None = None,
+    errors: Mapping[str, str] | None = None,
+) -> list[FleetRow]:
+    """One row per instance; ``columns`` maps a column key to ``{instance: value}``."""
+    findings = findings or {}
+    errors = errors or {}
+    out = []
+    for d in instances:
+        values = {key: _clean(per.get(d.instance)) for key, per in columns.items()}
+        out.append(FleetRow(d.instance, d.model, d.up, values, tuple(findings.get(d.instance, ())),
+                            errors.get(d.instance)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Outlier:
+    instance: str
+    key: str
+    why: str
+
+
+# Absolute levels that matter on any single replica, whatever its peers do.
+_ALARM = {"kv_cache_usage_perc": 0.95, "kv_cache_usage_peak": 0.99, "preemptions_per_s": 0.0}
+
+
+def outliers(fleet: Sequence[FleetRow], *, spread: float = 2.0) -> list[Outlier]:
+    """Cells to look at: a replica down; a level that matters on its own (KV near full, any
+    preemption, requests waiting); and, among up replicas of one model, the busiest and idlest when
+    one does ``spread`` × the other's work (an imbalanced load balancer)."""
+    out: list[Outlier] = []
+    for row in fleet:
+        if row.up is False:
+            out.append(Outlier(row.instance, "up", "down"))
+        for key, level in _ALARM.items():
+            value = row.values.get(key)
+            if value is not None and value > level:
+                out.append(Outlier(row.instance, key, "above " + ("0" if level == 0 else f"{level:.0%}")))
+        waiting = row.values.get("num_requests_waiting")
+        if waiting:
+            out.append(Outlier(row.instance, "num_requests_waiting", "requests waiting"))
+    by_model: dict[str | None, list[FleetRow]] = {}
+    for row in fleet:
+        if row.up is not False:
+            by_model.setdefault(row.model, []).append(row)
+    for model, peers in by_model.items():
+        for key, noise in _IMBALANCE.items():
+            known = [(r.values[key], r) for r in peers if r.values.get(key) is not None]
+            if len(known) < 2:
+                continue
+            (low, low_row), (high, high_row) = min(known, key=lambda p: p[0]), max(known, key=lambda p: p[0])
+            if high - low > noise and high > spread * low:
+                why = f"load imbalance across replicas of {model or 'one model'}: {high:.3g} vs {low:.3g}"
+                out.append(Outlier(high_row.instance, key, why))
+                out.append(Outlier(low_row.instance, key, why))
+    return out
+
+
+# A replica doing `spread` times its peer's work, by more than this, is an imbalanced load balancer.
+_IMBALANCE = {"num_requests_running": 2.0, "generation_tokens_per_s": 5.0}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetFinding:
+    """A finding shared by several replicas."""
+
+    id: str
+    severity: str
+    title: str
+    instances: tuple[str, ...]
+    models: tuple[str, ...]
+    total: int  # replicas in the fleet
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        n = len(self.instances)
+        where = ""
+        if len(self.models) == 1:
+            where = f"; {'all ' if n > 1 else ''}on model {self.models[0]}"
+        elif self.models:
+            where = f"; on {len(self.models)} models ({', '.join(self.models)})"
+        return f"{n} of {self.total} replicas: {self.title}{where}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "severity": self.severity, "title": self.title, "instances": list(self.instances),
+                "models": list(self.models), "total": self.total, "text": self.text}
+
+
+_SHORT = {
+    "down": "down",
+    "server_down": "down in this window",
+    "server_restarted": "restarted in this window",
+    "kv_pressure": "KV cache full and preempting",
+    "queue_at_cap": "queueing at --max-num-seqs",
+    "silent_stall": "stalled (requests running, no tokens)",
+    "tokens_stopped": "no tokens at the end of the window",
+    "head_of_line_blocking": "head-of-line blocking by long prefills",
+    "slow_decode": "decode slower than the ITL budget",
+    "ttft_queue_dominated": "TTFT over budget, mostly queueing",
+    "ttft_prefill_dominated": "TTFT over budget, mostly prefill",
+    "sharing_disabled": "prefix caching off with shared prefixes",
+    "sharing_not_happening": "prefix caching on but not sharing",
+}
+
+
+def fleet_findings(fleet: Sequence[FleetRow]) -> list[FleetFinding]:
+    """Findings grouped across replicas, worst first, then by how many replicas share them."""
+    groups: dict[str, list[tuple[FleetRow, Finding | None]]] = {}
+    for row in fleet:
+        if row.up is False:
+            groups.setdefault("down", []).append((row, None))
+        for f in row.findings:
+            if f.severity == "info":
+                continue  # the fleet view is for what needs action; each row keeps its own
+            groups.setdefault(f.id, []).append((row, f))
+    out = []
+    for fid, members in groups.items():
+        first = next((f for _, f in members if f is not None), None)
+        severity = "critical" if fid == "down" else first.severity if first else "info"
+        title = _SHORT.get(fid) or (first.title if first else fid)
+        instances = tuple(sorted({r.instance for r, _ in members}))
+        models = tuple(sorted({r.model for r, _ in members if r.model}))
+        out.append(FleetFinding(fid, severity, title, instances, models, len(fleet)))
+    out.sort(key=lambda g: (SEVERITY_ORDER.get(g.severity, 3), -len(g.instances), g.id))
+    return out

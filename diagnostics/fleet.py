@@ -1,0 +1,217 @@
+"""A fleet through Prometheus: discovery, the fleet table and charts, and any instance's history as
+the live collector would have kept it — so every page, the CLI and the diagnosis read a
+Prometheus-backed target unchanged.
+
+The number of queries per refresh does not grow with the fleet: two for discovery, one per table
+column, one per chart, one for every instance's raw series (:func:`fleet_report` counts them).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from diagnostics.core import promql
+from diagnostics.core.derive import Scrape
+from diagnostics.core.diagnosis import Budgets, Finding, diagnose, prepare
+from diagnostics.core.fleet import FleetFinding, FleetRow, Outlier, fleet_findings, outliers, rows
+from diagnostics.core.info import ServerInfo, TargetStatus
+from diagnostics.core.promql import Discovered, Scope
+from diagnostics.errors import TargetError
+from diagnostics.recording import Record
+from diagnostics.sources.prometheus import PrometheusClient
+
+RAW_MAX_SCRAPES = 1440
+"""Up to this many scrapes per series, read every real scrape (a range-vector query keeps their own
+timestamps); beyond, a range query at a step of at least two scrape intervals (never the same scrape
+twice, which would read as no progress)."""
+RESAMPLED_MAX_POINTS = 720
+
+
+def discover(client: PrometheusClient, scope: Scope, at: float | None = None) -> list[Discovered]:
+    """The instances that export vLLM metrics (two queries, whatever the fleet's size)."""
+    up = client.query(promql.up_query(scope), at)
+    models = client.query(promql.discovery_query(scope), at)
+    return promql.discovered(up, models)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    start: float
+    end: float
+    scrape_interval: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def raw_matrix(client: PrometheusClient, scope: Scope, window: Window) -> list[dict]:  # type: ignore[type-arg]
+    """Every raw series of the scope over the window (one query)."""
+    query = promql.raw_series_query(scope)
+    if window.seconds / window.scrape_interval <= RAW_MAX_SCRAPES:
+        return client.query(f"{query}[{promql.duration(window.seconds)}]", window.end)
+    step = max(2 * window.scrape_interval, math.ceil(window.seconds / RESAMPLED_MAX_POINTS))
+    return client.query_range(query, window.start, window.end, step)
+
+
+def histories(client: PrometheusClient, scope: Scope, window: Window) -> dict[str, list[Scrape]]:
+    return promql.histories_from_matrix(raw_matrix(client, scope, window))
+
+
+def server_info(model: str | None) -> ServerInfo | None:
+    """What Prometheus knows of a server (its model, from the labels); not its version."""
+    if not model:
+        return None
+    return ServerInfo.from_json(None, {"data": [{"id": model}]})
+
+
+def records(client: PrometheusClient, scope: Scope, window: Window, model: str | None = None) -> list[Record]:
+    """One instance's window as recording records (the ordinary format: replay and diagnose it)."""
+    if scope.instance is None:
+        raise ValueError("records() needs one instance")
+    matrix = raw_matrix(client, scope, window)
+    out: list[Record] = []
+    info = server_info(model)
+    for ts, samples in promql.samples_at(matrix, scope.instance).items():
+        up = next((s.value for s in samples if s.name == "up"), 1.0)
+        payload = {"version": None, "models": info.models_json} if info is not None and not out else None
+        if up < 1 or not any(s.name.startswith("vllm:") for s in samples):
+            out.append(Record(ts, scope.instance, error=f"Prometheus: {scope.instance} down at this instant",
+                              info=payload))
+        else:
+            out.append(Record(ts, scope.instance, metrics=promql.exposition(samples), info=payload))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class FleetReport:
+    window: Window
+    rows: list[FleetRow]
+    findings: list[FleetFinding]
+    outliers: list[Outlier]
+    num_queries: int
+    charts: Mapping[str, Mapping[str, list[tuple[float, float]]]] = field(default_factory=dict)
+
+
+def fleet_report(
+    client: PrometheusClient,
+    scope: Scope,
+    *,
+    range_s: float,
+    end: float | None = None,
+    budgets: Budgets = Budgets(),
+    charts: bool = False,
+    diagnose_instances: bool = True,
+) -> FleetReport:
+    """The fleet now (or at ``end``) over the last ``range_s``: table, per-instance diagnosis,
+    outliers, fleet findings and optionally the charts. Raises ``TargetError`` when Prometheus
+    cannot answer; an instance whose diagnosis fails keeps its row with the reason."""
+    before = client.num_requests
+    end = time.time() if end is None else end
+    interval = client.scrape_interval()
+    window = Window(end - range_s, end, interval)
+    instances = discover(client, scope, end)
+    # A rate needs at least two samples in its window: never shorter than four scrapes.
+    rate_s = max(range_s, 4 * interval)
+    columns = {
+        col.key: promql.vector_by_instance(client.query(col.promql(scope, rate_s), end))
+        for col in promql.FLEET_COLUMNS
+    }
+    found: dict[str, list[Finding]] = {}
+    errors: dict[str, str] = {}
+    if diagnose_instances and instances:
+        per = histories(client, scope, window)
+        model_of = {d.instance: d.model for d in instances}
+        for instance, history in per.items():
+            try:
+                found[instance] = diagnose(prepare(history, info=server_info(model_of.get(instance)), budgets=budgets))
+            except Exception as exc:  # noqa: BLE001 - one instance's odd data must not blank the fleet
+                errors[instance] = f"diagnosis failed: {type(exc).__name__}"
+    drawn: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    if charts and instances:
+        step = promql.auto_step(range_s, interval)
+        rate_w = promql.rate_window(step, interval)
+        for key, (_title, _unit, query) in promql.CHART_CONCEPTS.items():
+            drawn[key] = promql.matrix_by_instance(client.query_range(query(scope, rate_w), window.start, end, step))
+    table = rows(instances, columns, found, errors)
+    return FleetReport(window, table, fleet_findings(table), outliers(table), client.num_requests - before, drawn)
+
+
+class PrometheusTarget:
+    """One instance read through Prometheus, with the reader side of a collector (``history``,
+    ``status``, ``gpu_history``, ``recent_records``): the pages take it where they take a collector.
+    A failed query keeps the last history it got and says why in the status."""
+
+    def __init__(self, client: PrometheusClient, scope: Scope, *, range_s: float, model: str | None = None) -> None:
+        if scope.instance is None:
+            raise ValueError("a Prometheus target is one instance")
+        self.client = client
+        self.scope = scope
+        self.range_s = range_s
+        self.model = model
+        self.target = f"{scope.instance} (via Prometheus {client.url})"
+        self._history: list[Scrape] = []
+        self._error: str | None = None
+        self._attempt: float | None = None
+        self._interval: float | None = None
+
+    def window(self, end: float | None = None) -> Window:
+        if self._interval is None:
+            self._interval = self.client.scrape_interval(self.scope.instance)
+        end = time.time() if end is None else end
+        return Window(end - self.range_s, end, self._interval)
+
+    def refresh(self, end: float | None = None) -> list[Scrape]:
+        self._attempt = time.time()
+        try:
+            got = histories(self.client, self.scope, self.window(end))
+        except TargetError as exc:
+            self._error = str(exc)
+            return self._history
+        self._error = None
+        self._history = got.get(self.scope.instance or "", [])
+        return self._history
+
+    def history(self) -> list[Scrape]:
+        return list(self._history)
+
+    def gpu_history(self) -> list:  # type: ignore[type-arg]
+        return []  # NVML lives on the GPU host, not in Prometheus
+
+    def recent_records(self, seconds: float | None = None) -> list[Record]:
+        window = self.window()
+        if seconds is not None:
+            window = replace(window, start=max(window.start, window.end - seconds))
+        return records(self.client, self.scope, window, self.model)
+
+    def status(self) -> TargetStatus:
+        history = self._history
+        last_ok = next((s.ts for s in reversed(history) if s.snapshot is not None), None)
+        if self._error is not None:
+            # Prometheus did not answer: what the instance does now is unknown, not "down".
+            state, error = ("stale" if history else "down", self._error)
+        elif not history:
+            state, error = ("down", f"Prometheus has no samples of {self.scope.instance} in this window")
+        elif history[-1].snapshot is None:
+            state, error = ("down", history[-1].error)
+        else:
+            state, error = ("up", None)
+        since = None
+        for s in reversed(history):
+            if (s.snapshot is not None) != (state == "up"):
+                break
+            since = s.ts
+        return TargetStatus(
+            target=self.target,
+            state=state,  # type: ignore[arg-type]
+            since=since,
+            error=error,
+            last_ok_ts=last_ok,
+            last_attempt_ts=self._attempt,
+            info=server_info(self.model),
+            num_scrapes=len(history),
+            num_failures=sum(1 for s in history if s.snapshot is None),
+        )

@@ -1,0 +1,141 @@
+"""A real Prometheus (the Debian ``prometheus`` binary) on loopback for the tests: scraping live
+targets every second, or serving a recorded incident backfilled into its TSDB with ``promtool``."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import httpx
+
+from diagnostics.core.parse import parse_vllm_samples
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def binaries() -> tuple[str, str]:
+    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if not prometheus or not promtool:
+        raise RuntimeError("prometheus / promtool not installed: run ./scripts/test.sh (apt-get install prometheus)")
+    return prometheus, promtool
+
+
+class PrometheusServer:
+    """``prometheus`` with its own data dir; ``targets`` are ``host:port`` scraped every second under
+    ``job="vllm"``."""
+
+    def __init__(self, targets: Iterable[str] = (), *, data_dir: Path | None = None) -> None:
+        self.targets = list(targets)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._tmp = tempfile.TemporaryDirectory(prefix="prom-test-")
+        self.dir = Path(self._tmp.name)
+        self.data_dir = data_dir or self.dir / "data"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> PrometheusServer:
+        prometheus, _ = binaries()
+        config = self.dir / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+            "scrape_configs:\n  - job_name: vllm\n    static_configs:\n"
+            f"      - targets: {json.dumps(self.targets)}\n"
+        )
+        self.log = (self.dir / "prometheus.log").open("wb")
+        self.proc = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.data_dir}",
+                "--storage.tsdb.retention.time=100y",  # backfilled incidents are old on purpose
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited: {self.log_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"prometheus not ready in {timeout} s: {self.log_text()[-2000:]}")
+
+    def log_text(self) -> str:
+        path = self.dir / "prometheus.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_for_scrapes(self, count: int, timeout: float = 60.0) -> None:
+        """Until every target has been scraped ``count`` times (``count_over_time(up[…])``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{self.url}/api/v1/query", params={"query": "count_over_time(up[10m])"}, timeout=5)
+            got = {s["metric"]["instance"]: float(s["value"][1]) for s in r.json()["data"]["result"]}
+            if len(got) >= len(self.targets) and all(v >= count for v in got.values()):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"targets not scraped {count} times in {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        self._tmp.cleanup()
+
+
+def openmetrics_from_recording(path: Path, instance: str, job: str = "vllm") -> str:
+    """A recording's scrapes as OpenMetrics with timestamps, labelled as Prometheus would have
+    scraped them (``job``, ``instance``, ``up``): the input of ``promtool tsdb create-blocks-from``."""
+    by_family: dict[str, list[str]] = {}
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            ts = record["ts"]
+            target = f'job="{job}",instance="{instance}"'
+            by_family.setdefault("up", []).append(f"up{{{target}}} {1 if 'metrics' in record else 0} {ts:.3f}")
+            if "metrics" not in record:
+                continue
+            for s in parse_vllm_samples(record["metrics"]):
+                labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
+                name = s.name
+                by_family.setdefault(name, []).append(f"{name}{{{target}{',' + labels if labels else ''}}} {s.value!r} {ts:.3f}")
+    lines: list[str] = []
+    for name, samples in by_family.items():
+        lines.append(f"# TYPE {name} gauge")  # untyped as far as the TSDB cares; names keep their suffixes
+        lines.extend(samples)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def backfill(recordings: dict[str, Path], data_dir: Path) -> None:
+    """Write each recording (instance → file) into ``data_dir`` as TSDB blocks."""
+    _, promtool = binaries()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for instance, path in recordings.items():
+        src = data_dir.parent / f"{instance.replace(':', '_')}.om"
+        src.write_text(openmetrics_from_recording(path, instance))
+        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(src), str(data_dir)],
+                       check=True, capture_output=True, timeout=300)
