@@ -1,4 +1,7 @@
-"""The headless CLI: ``python -m diagnostics record|status|diagnose|alert-rules`` (same core as the app).
+"""The headless CLI: ``python -m diagnostics record|status|diagnose|fleet|alert-rules`` (same core as the app).
+
+Every command that takes ``--url`` also takes ``--prometheus URL [--selector S] [--instance I]
+[--since 2h]``: the same views read from the history Prometheus keeps.
 
 Exit codes: 0 ok; 2 bad usage; 3 target unreachable, timing out or answering errors; 4 not a vLLM
 server; 5 unreadable recording, log or output file. ``diagnose`` follows the monitoring-plugin
@@ -15,6 +18,8 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from diagnostics.collector import Collector
@@ -31,6 +36,7 @@ from diagnostics.core.diagnosis import (
 )
 from diagnostics.core.diagnosis.alerts import alert_rules_yaml
 from diagnostics.core.info import ServerInfo
+from diagnostics.core.promql import Scope, parse_duration, parse_selector
 from diagnostics.core.text import evidence_rows, fmt_seconds_as_ms
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
@@ -61,9 +67,69 @@ class CliError(Exception):
 
 def _client(args: argparse.Namespace) -> VllmClient:
     try:
-        return VllmClient(args.url, api_key_from_env(args.api_key_env), timeout_seconds=args.timeout)
+        return VllmClient(args.url, api_key_from_env(args.api_key_env), timeout_seconds=args.timeout or 2.0)
     except ValueError as exc:
         raise CliError(str(exc), 2) from None
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _when(text: str) -> float:
+    """Unix seconds or an ISO 8601 time (``2026-11-30T03:00:00Z``; no zone = UTC)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not Unix seconds or an ISO 8601 time") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def _prometheus(args: argparse.Namespace) -> tuple[Any, Scope]:
+    from diagnostics.sources.prometheus import PrometheusClient
+
+    try:
+        client = PrometheusClient(args.prometheus, timeout_seconds=args.timeout or 15.0)
+        return client, Scope(parse_selector(args.selector))
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
+
+
+def _prometheus_window(args: argparse.Namespace, since: float) -> tuple[list[Scrape], ServerInfo | None, str, Any]:
+    """One instance's history over the last ``since`` seconds, read from Prometheus."""
+    from diagnostics import fleet
+
+    client, scope = _prometheus(args)
+    try:
+        found = fleet.discover(client, scope, args.until)
+    except TargetError as exc:
+        raise CliError(str(exc), EXIT_TARGET) from None
+    names = [d.instance for d in found]
+    if args.instance is None:
+        if len(found) != 1:
+            listed = ", ".join(names) or "none"
+            raise CliError(f"--instance is needed: Prometheus has {len(found)} vLLM instances ({listed})", 2)
+        instance = found[0]
+    else:
+        match = next((d for d in found if d.instance == args.instance), None)
+        if match is None:
+            listed = ", ".join(names) or "none"
+            raise CliError(f"no vLLM instance {args.instance!r} in Prometheus (it has: {listed})", EXIT_TARGET)
+        instance = match
+    target = fleet.PrometheusTarget(client, replace(scope, instance=instance.instance), range_s=since,
+                                    model=instance.model, end=args.until)
+    history = target.refresh()
+    status = target.status()
+    if status.error and not history:
+        raise CliError(status.error, EXIT_TARGET)
+    return history, status.info, target.target, target
 
 
 def _check_first(client: VllmClient) -> None:
@@ -91,6 +157,20 @@ def _collect(client: VllmClient, seconds: float, interval: float, writer: Record
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    if args.prometheus:
+        _, _, name, target = _prometheus_window(args, args.since)
+        try:
+            records = target.recent_records()
+        except TargetError as exc:
+            raise CliError(str(exc), EXIT_TARGET) from None
+        try:
+            with RecordingWriter(args.out) as out:
+                for record in records:
+                    out.write(record)
+        except OSError as exc:
+            raise CliError(f"cannot write {args.out}: {exc.strerror}", EXIT_FILE) from None
+        print(f"recorded {len(records)} scrapes of {name} to {args.out}", file=sys.stderr)
+        return 0
     client = _client(args)
     _check_first(client)
     try:
@@ -231,6 +311,17 @@ def cmd_status(args: argparse.Namespace) -> int:
             target_state="up" if last.snapshot is not None else "down",
             error=last.error,
         )
+    elif args.prometheus:
+        history, info, name, target = _prometheus_window(args, args.since or max(args.window, 60.0) * 2)
+        status = target.status()
+        obj = status_object(
+            derive_state(history, args.window),
+            info,
+            target=name,
+            up=status.state == "up",
+            target_state=status.state,
+            error=status.error,
+        )
     else:
         client = _client(args)
         _check_first(client)
@@ -292,6 +383,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         _check_first(client)
         collector = _collect(client, args.seconds, args.interval, None)
         history, info = collector.history(), collector.status().info
+    elif args.prometheus:
+        history, info, _, _ = _prometheus_window(args, args.since or 900.0)
     ctx = prepare(history, info=info, budgets=budgets, log_text=log_text, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens)
     findings = diagnose(ctx)
@@ -300,6 +393,53 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     else:
         print(_render_findings(findings, ctx.flags))
     return exit_code(findings)
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from diagnostics import fleet
+
+    client, scope = _prometheus(args)
+    budgets = Budgets(ttft_ms=args.ttft_budget_ms, itl_ms=args.itl_budget_ms)
+    try:
+        report = fleet.fleet_report(client, scope, range_s=args.since, end=args.until, budgets=budgets)
+    except TargetError as exc:
+        raise CliError(str(exc), EXIT_TARGET) from None
+    if args.json:
+        print(json.dumps({
+            "prometheus": client.url,
+            "window_seconds": report.window.seconds,
+            "instances": [row.to_json() for row in report.rows],
+            "fleet_findings": [f.to_json() for f in report.findings],
+            "outliers": [{"instance": o.instance, "key": o.key, "why": o.why} for o in report.outliers],
+            "queries": report.num_queries,
+        }, indent=1))
+        return 0
+    if not report.rows:
+        print(f"no vLLM instances in Prometheus at {client.url} for {{{scope.selector}}}")
+        return 0
+    print(render_fleet(report))
+    return 0
+
+
+def render_fleet(report: Any) -> str:
+    lines = [f"{'instance':24} {'model':20} {'up':4} {'KV':>6} {'run':>5} {'wait':>5} {'preempt/s':>9} "
+             f"{'ITL p95':>9}  worst finding"]
+    for row in report.rows:
+        v = row.values
+        worst = row.worst
+        lines.append(
+            f"{row.instance[:24]:24} {(row.model or '—')[:20]:20} {_fmt({True: 'up', False: 'DOWN'}.get(row.up)):4} "
+            f"{_fmt(v.get('kv_cache_usage_perc'), '%', 100, 0):>6} {_fmt(v.get('num_requests_running'), digits=0):>5} "
+            f"{_fmt(v.get('num_requests_waiting'), digits=0):>5} {_fmt(v.get('preemptions_per_s'), digits=2):>9} "
+            f"{_fmt_s(v.get('itl_p95_s')):>9}  {worst.severity.upper() + ' ' + worst.title if worst else '—'}"
+        )
+    for f in report.findings:
+        lines.append(f"{f.severity.upper():8} {f.text}")
+    return "\n".join(lines)
+
+
+def _fmt_s(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else fmt_seconds_as_ms(value)
 
 
 def cmd_alert_rules(args: argparse.Namespace) -> int:
@@ -348,8 +488,18 @@ def build_parser() -> _Parser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def prometheus_args(p: argparse.ArgumentParser, since: str | None) -> None:
+        p.add_argument("--prometheus", metavar="URL", help="read from this Prometheus (or Thanos, Mimir…) instead")
+        p.add_argument("--selector", default="", help='series selector for the vLLM targets, e.g. \'{job="vllm"}\'')
+        p.add_argument("--instance", help="with --prometheus: the instance label of the server (needed in a fleet)")
+        p.add_argument("--since", type=_duration, default=since, metavar="DURATION",
+                       help="with --prometheus: how far back, e.g. 15m, 2h, 7d" + (f" (default {since})" if since else ""))
+        p.add_argument("--until", type=_when, metavar="TIME",
+                       help="with --prometheus: the window ends here (Unix seconds or ISO 8601; default now)")
+
     def target_args(p: argparse.ArgumentParser, required: bool) -> None:
-        p.add_argument("--url", required=required, help="base URL of the vLLM server, e.g. http://127.0.0.1:8000")
+        p.add_argument("--url", help="base URL of the vLLM server, e.g. http://127.0.0.1:8000")
+        prometheus_args(p, None)
         p.add_argument(
             "--api-key-env",
             default=DEFAULT_API_KEY_ENV,
@@ -357,11 +507,11 @@ def build_parser() -> _Parser:
             help=f"environment variable holding the API key (default {DEFAULT_API_KEY_ENV})",
         )
         p.add_argument("--interval", type=_positive, default=1.0, help="seconds between scrapes (min 0.25)")
-        p.add_argument("--timeout", type=_positive, default=2.0, help="seconds a whole request may take (default 2)")
+        p.add_argument("--timeout", type=_positive, help="seconds a whole request may take (default 2; 15 for Prometheus)")
 
     record = sub.add_parser("record", help="scrape a server for N seconds into a recording (.jsonl or .jsonl.gz)")
     target_args(record, required=True)
-    record.add_argument("--seconds", type=_positive, required=True)
+    record.add_argument("--seconds", type=_positive, help="with --url: how long to record")
     record.add_argument("--out", required=True, help="output file; .gz compresses")
     record.set_defaults(func=cmd_record)
 
@@ -397,6 +547,19 @@ def build_parser() -> _Parser:
     serve = sub.add_parser("serve", help="the dashboard, collecting configured targets from start (a flight recorder)")
     serve.add_argument("streamlit_args", nargs="*", help="passed to `streamlit run` (e.g. --server.port 8600)")
 
+    fleet = sub.add_parser("fleet", help="every vLLM instance behind a Prometheus: state, outliers, worst finding")
+    fleet.add_argument("--prometheus", metavar="URL", required=True, help="the Prometheus HTTP API base URL")
+    fleet.add_argument("--selector", default="", help='series selector for the vLLM targets, e.g. \'{job="vllm"}\'')
+    fleet.add_argument("--since", type=_duration, default=_duration("15m"), metavar="DURATION",
+                       help="the window for rates, quantiles and the diagnosis (default 15m)")
+    fleet.add_argument("--until", type=_when, metavar="TIME",
+                       help="the window ends here (Unix seconds or ISO 8601; default now)")
+    fleet.add_argument("--timeout", type=_positive, help="seconds a whole query may take (default 15)")
+    fleet.add_argument("--itl-budget-ms", type=_positive, help="inter-token latency budget (p95), ms")
+    fleet.add_argument("--ttft-budget-ms", type=_positive, help="time-to-first-token budget (p95), ms")
+    fleet.add_argument("--json", action="store_true", help="one object per instance: instance, model, up, …")
+    fleet.set_defaults(func=cmd_fleet)
+
     alerts = sub.add_parser("alert-rules", help="a Prometheus rule file with the same thresholds")
     alerts.add_argument("--out", help="write to this file (default: stdout)")
     alerts.add_argument("--job", default="vllm", help="the Prometheus job that scrapes vLLM (for the down alert)")
@@ -418,12 +581,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if diagnosing:  # unrecognized arguments are reported by the top-level parser
         parser.usage_exit = EXIT_UNKNOWN
     args = parser.parse_args(words)
-    if args.command == "status" and bool(args.url) == bool(args.replay):
-        parser.error("status needs exactly one of --url or --replay")
-    if args.command == "diagnose" and args.url and args.replay:
-        parser.error("diagnose takes --url or --replay, not both")
-    if args.command == "diagnose" and not (args.url or args.replay or args.log):
-        parser.error("diagnose needs --url, --replay or --log")
+    sources = [bool(getattr(args, k, None)) for k in ("url", "replay", "prometheus")]
+    if args.command == "status" and sum(sources) != 1:
+        parser.error("status needs exactly one of --url, --prometheus or --replay")
+    if args.command == "record" and sum(sources) != 1:
+        parser.error("record needs exactly one of --url or --prometheus")
+    if args.command == "diagnose" and sum(sources) > 1:
+        parser.error("diagnose takes one of --url, --prometheus or --replay")
+    if args.command == "diagnose" and not (any(sources) or args.log):
+        parser.error("diagnose needs --url, --prometheus, --replay or --log")
+    if args.command in ("record", "status", "diagnose") and not args.prometheus:
+        for flag in ("selector", "instance", "since", "until"):
+            if getattr(args, flag, None):
+                parser.error(f"--{flag} goes with --prometheus")
+    if args.command == "record" and args.prometheus and not args.since:
+        args.since = 3600.0
+    if args.command == "record" and args.url and not args.seconds:
+        parser.error("record --url needs --seconds")
     if getattr(args, "interval", 1.0) < 0.25:
         parser.error("--interval must be at least 0.25 s")
     try:

@@ -12,11 +12,13 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from diagnostics.core import promql
 from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import Budgets, Finding, diagnose, prepare
 from diagnostics.core.fleet import FleetFinding, FleetRow, Outlier, fleet_findings, outliers, rows
+from diagnostics.core.gpu import GpuReading
 from diagnostics.core.info import ServerInfo, TargetStatus
 from diagnostics.core.promql import Discovered, Scope
 from diagnostics.errors import TargetError
@@ -48,7 +50,7 @@ class Window:
         return self.end - self.start
 
 
-def raw_matrix(client: PrometheusClient, scope: Scope, window: Window) -> list[dict]:  # type: ignore[type-arg]
+def raw_matrix(client: PrometheusClient, scope: Scope, window: Window) -> list[dict[str, Any]]:
     """Every raw series of the scope over the window (one query)."""
     query = promql.raw_series_query(scope)
     if window.seconds / window.scrape_interval <= RAW_MAX_SCRAPES:
@@ -102,7 +104,7 @@ def fleet_report(
     *,
     range_s: float,
     end: float | None = None,
-    budgets: Budgets = Budgets(),
+    budgets: Budgets | None = None,
     charts: bool = False,
     diagnose_instances: bool = True,
 ) -> FleetReport:
@@ -127,7 +129,8 @@ def fleet_report(
         model_of = {d.instance: d.model for d in instances}
         for instance, history in per.items():
             try:
-                found[instance] = diagnose(prepare(history, info=server_info(model_of.get(instance)), budgets=budgets))
+                found[instance] = diagnose(prepare(history, info=server_info(model_of.get(instance)),
+                                                    budgets=budgets or Budgets()))
             except Exception as exc:  # noqa: BLE001 - one instance's odd data must not blank the fleet
                 errors[instance] = f"diagnosis failed: {type(exc).__name__}"
     drawn: dict[str, dict[str, list[tuple[float, float]]]] = {}
@@ -145,13 +148,22 @@ class PrometheusTarget:
     ``status``, ``gpu_history``, ``recent_records``): the pages take it where they take a collector.
     A failed query keeps the last history it got and says why in the status."""
 
-    def __init__(self, client: PrometheusClient, scope: Scope, *, range_s: float, model: str | None = None) -> None:
+    def __init__(
+        self,
+        client: PrometheusClient,
+        scope: Scope,
+        *,
+        range_s: float,
+        model: str | None = None,
+        end: float | None = None,
+    ) -> None:
         if scope.instance is None:
             raise ValueError("a Prometheus target is one instance")
         self.client = client
         self.scope = scope
         self.range_s = range_s
         self.model = model
+        self.end = end  # None: the window ends now; else a fixed window in the past
         self.target = f"{scope.instance} (via Prometheus {client.url})"
         self._history: list[Scrape] = []
         self._error: str | None = None
@@ -161,7 +173,7 @@ class PrometheusTarget:
     def window(self, end: float | None = None) -> Window:
         if self._interval is None:
             self._interval = self.client.scrape_interval(self.scope.instance)
-        end = time.time() if end is None else end
+        end = end if end is not None else self.end if self.end is not None else time.time()
         return Window(end - self.range_s, end, self._interval)
 
     def refresh(self, end: float | None = None) -> list[Scrape]:
@@ -178,7 +190,7 @@ class PrometheusTarget:
     def history(self) -> list[Scrape]:
         return list(self._history)
 
-    def gpu_history(self) -> list:  # type: ignore[type-arg]
+    def gpu_history(self) -> list[tuple[float, GpuReading]]:
         return []  # NVML lives on the GPU host, not in Prometheus
 
     def recent_records(self, seconds: float | None = None) -> list[Record]:
@@ -196,7 +208,7 @@ class PrometheusTarget:
         elif not history:
             state, error = ("down", f"Prometheus has no samples of {self.scope.instance} in this window")
         elif history[-1].snapshot is None:
-            state, error = ("down", history[-1].error)
+            state, error = ("down", history[-1].error or "down")
         else:
             state, error = ("up", None)
         since = None

@@ -9,7 +9,6 @@ on model m").
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,7 +96,7 @@ def outliers(fleet: Sequence[FleetRow], *, spread: float = 2.0) -> list[Outlier]
             by_model.setdefault(row.model, []).append(row)
     for model, peers in by_model.items():
         for key, noise in _IMBALANCE.items():
-            known = [(r.values[key], r) for r in peers if r.values.get(key) is not None]
+            known = [(v, r) for r in peers if (v := r.values.get(key)) is not None]
             if len(known) < 2:
                 continue
             (low, low_row), (high, high_row) = min(known, key=lambda p: p[0]), max(known, key=lambda p: p[0])

@@ -77,8 +77,10 @@ def parse_duration(text: str) -> float:
 
 
 def duration(seconds: float) -> str:
-    """Seconds as a PromQL duration (whole seconds, at least 1 s)."""
-    return f"{max(1, round(seconds))}s"
+    """Seconds as a PromQL duration: whole seconds where exact, else milliseconds (PromQL takes no
+    fractions), at least 1 ms."""
+    ms = max(1, round(seconds * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 @dataclass(frozen=True, slots=True)

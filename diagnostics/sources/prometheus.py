@@ -55,7 +55,7 @@ class PrometheusClient:
         self.url = normalize_prometheus_url(url)
         self.timeout_seconds = timeout_seconds
         self._conn = PrometheusConnect(
-            url=self.url, headers=headers, retry=Retry(total=0), timeout=timeout_seconds  # type: ignore[arg-type]
+            url=self.url, headers=headers, retry=Retry(total=0), timeout=timeout_seconds
         )
         self._lock = threading.Lock()
         self._intervals: dict[str | None, tuple[float, float]] = {}

@@ -106,14 +106,14 @@ class PrometheusServer:
         self._tmp.cleanup()
 
 
-def openmetrics_from_recording(path: Path, instance: str, job: str = "vllm") -> str:
+def openmetrics_from_recording(path: Path, instance: str, job: str = "vllm", shift: float = 0.0) -> str:
     """A recording's scrapes as OpenMetrics with timestamps, labelled as Prometheus would have
     scraped them (``job``, ``instance``, ``up``): the input of ``promtool tsdb create-blocks-from``."""
     by_family: dict[str, list[str]] = {}
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         for line in handle:
             record = json.loads(line)
-            ts = record["ts"]
+            ts = record["ts"] + shift
             target = f'job="{job}",instance="{instance}"'
             by_family.setdefault("up", []).append(f"up{{{target}}} {1 if 'metrics' in record else 0} {ts:.3f}")
             if "metrics" not in record:
@@ -130,12 +130,20 @@ def openmetrics_from_recording(path: Path, instance: str, job: str = "vllm") -> 
     return "\n".join(lines) + "\n"
 
 
-def backfill(recordings: dict[str, Path], data_dir: Path) -> None:
-    """Write each recording (instance → file) into ``data_dir`` as TSDB blocks."""
+def recording_span(path: Path) -> tuple[float, float]:
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        stamps = [json.loads(line)["ts"] for line in handle]
+    return stamps[0], stamps[-1]
+
+
+def backfill(recordings: dict[str, Path], data_dir: Path, end: float | None = None) -> None:
+    """Write each recording (instance → file) into ``data_dir`` as TSDB blocks; with ``end``, each
+    is shifted in time to end there (recordings made on different days become one fleet)."""
     _, promtool = binaries()
     data_dir.mkdir(parents=True, exist_ok=True)
     for instance, path in recordings.items():
         src = data_dir.parent / f"{instance.replace(':', '_')}.om"
-        src.write_text(openmetrics_from_recording(path, instance))
+        shift = 0.0 if end is None else end - recording_span(path)[1]
+        src.write_text(openmetrics_from_recording(path, instance, shift=shift))
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(src), str(data_dir)],
                        check=True, capture_output=True, timeout=300)

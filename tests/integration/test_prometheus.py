@@ -1,0 +1,233 @@
+"""A fleet through a real Prometheus (the Debian binary, 1 s scrapes on loopback).
+
+Live: Prometheus scrapes a real ``vllm serve`` and the simulated engine; the CLI ``fleet`` lists
+both, Prometheus's numbers agree with direct scrapes within one scrape interval, and the PromQL
+quantile equals the dashboard's own on the same samples.
+Recorded: real incidents from the labelled corpus are backfilled into a Prometheus TSDB with
+``promtool`` as replicas of one fleet (re-provoking them in every run would take minutes and not
+always show); diagnosed through Prometheus, each names the knob its label expects, the healthy
+replica stays quiet, and ``record --prometheus`` writes a recording that replays the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from diagnostics.collector import Collector
+from diagnostics.core.derive import histogram_delta, quantile_estimate
+from diagnostics.core.diagnosis import Budgets, diagnose, prepare
+from diagnostics.core.promql import FLEET_COLUMNS, Scope
+from diagnostics.fleet import PrometheusTarget, fleet_report
+from diagnostics.recording import read_recording
+from diagnostics.sim.server import SimServer
+from diagnostics.sources.prometheus import PrometheusClient
+from diagnostics.sources.vllm_http import VllmClient
+from tests.fixtures.incidents import corpus
+from tests.integration import load
+from tests.integration.prometheus_server import PrometheusServer, backfill, recording_span
+from tests.integration.vllm_server import SERVED_NAME, VllmServer
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+INCIDENTS = ROOT / "tests/fixtures/incidents"
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "diagnostics", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def host(url: str) -> str:
+    return url.split("://", 1)[1].rstrip("/")
+
+
+@pytest.fixture(scope="module")
+def live(vllm_tiny: VllmServer) -> Iterator[tuple[PrometheusServer, str, str]]:
+    sim = SimServer("healthy").start()
+    prom = PrometheusServer([host(vllm_tiny.url), host(sim.url)]).start()
+    try:
+        prom.wait_for_scrapes(3)
+        yield prom, host(vllm_tiny.url), host(sim.url)
+    finally:
+        prom.close()
+        sim.stop()
+
+
+def test_fleet_cli_lists_both_instances(live: tuple[PrometheusServer, str, str]) -> None:
+    prom, real, sim = live
+    out = cli("fleet", "--prometheus", prom.url, "--selector", '{job="vllm"}', "--since", "1m", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    by_instance = {row["instance"]: row for row in report["instances"]}
+    assert set(by_instance) == {real, sim}
+    assert by_instance[real]["model"] == SERVED_NAME
+    assert by_instance[sim]["model"] and by_instance[sim]["model"] != SERVED_NAME
+    for row in by_instance.values():
+        assert row["up"] is True
+        assert 0 <= row["kv_cache_usage_perc"] <= 1
+        assert row["num_requests_running"] is not None
+    # The simulated engine serves traffic of its own; the idle real server generates nothing.
+    assert by_instance[sim]["generation_tokens_per_s"] > 0
+    assert by_instance[real]["generation_tokens_per_s"] == 0
+    # Bounded: the same queries whatever the fleet's size: the scrape interval, discovery (up and
+    # models), one per table column, one for every instance's raw series.
+    assert report["queries"] == 1 + 2 + len(FLEET_COLUMNS) + 1
+    text = cli("fleet", "--prometheus", prom.url, "--since", "1m")
+    assert text.returncode == 0 and real in text.stdout and sim in text.stdout
+
+
+def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[PrometheusServer, str, str]) -> None:
+    prom, real, _ = live
+    direct = Collector(VllmClient(vllm_tiny.url), interval_seconds=0.25).start()
+    time.sleep(1.0)
+    # 12 KV blocks: 40 requests of 200 tokens keep the tiny server busy (and preempting) for seconds.
+    load.completions(vllm_tiny.url, 40, prompt=[11, 12, 13, 14, 15, 16, 17, 18, 19, 20], max_tokens=200)
+    time.sleep(1.5)
+    direct.stop()
+    time.sleep(1.5)  # Prometheus's next scrape
+    seen = [s for s in direct.history() if s.snapshot is not None]
+    target = PrometheusTarget(PrometheusClient(prom.url), Scope('job="vllm"', real), range_s=120)
+    history = [s for s in target.refresh() if seen[0].ts + 1 <= s.ts <= seen[-1].ts - 1 and s.snapshot is not None]
+    assert len(history) >= 4, f"{len(history)} Prometheus scrapes inside the burst"
+    moving = 0
+    for scrape in history:
+        near = [s.snapshot for s in seen if abs(s.ts - scrape.ts) <= 1.0]  # one Prometheus scrape interval
+        assert near
+        for concept in ("generation_tokens", "prompt_tokens", "num_preemptions", "num_requests_running",
+                        "kv_cache_usage_perc"):
+            value = scrape.snapshot.value(concept)  # type: ignore[union-attr]
+            around = [n.value(concept) for n in near]
+            assert value is not None and min(around) <= value <= max(around), (concept, value, around)  # type: ignore[type-var]
+        moving += min(n.value("generation_tokens") for n in near) < max(n.value("generation_tokens") for n in near)  # type: ignore[type-var]
+    assert moving >= 2, "the burst never showed between two direct scrapes"
+
+    # The fleet table's PromQL quantile (buckets summed by le, then histogram_quantile) agrees with
+    # the dashboard's own estimate over the same samples (the window reaches 50 ms before the first
+    # and 100 ms past the last: rate()'s extrapolation scales every bucket alike).
+    end = history[-1].ts + 0.1
+    span = end - history[0].ts + 0.05
+    report = fleet_report(PrometheusClient(prom.url), Scope('job="vllm"'), range_s=span, end=end,
+                          diagnose_instances=False)
+    row = next(r for r in report.rows if r.instance == real)
+    window = [s for s in history if s.ts >= end - span]
+    ours = quantile_estimate(0.95, histogram_delta(window, "inter_token_latency_seconds"))
+    assert ours is not None and row.values["itl_p95_s"] is not None
+    promql_p95 = row.values["itl_p95_s"]
+    assert ours.lower <= promql_p95 <= ours.upper, (promql_p95, ours)
+    assert math.isclose(promql_p95, ours.value, rel_tol=1e-3), (promql_p95, ours)
+
+
+# -- recorded incidents, backfilled -------------------------------------------------------------
+
+FLEET = {
+    "replica-kv:8000": "kv_pressure_blocks_override",
+    "replica-queue:8000": "queue_cap_burst",
+    "replica-stall:8000": "stall_small",
+    "replica-hol:8000": "hol_burst_p99",
+    "replica-ok:8000": "healthy_closed_loop",
+}
+
+
+@pytest.fixture(scope="module")
+def recorded() -> Iterator[tuple[PrometheusServer, float, dict[str, float]]]:
+    labels = corpus.labels()
+    files = {instance: INCIDENTS / labels[name]["file"] for instance, name in FLEET.items()}
+    end = float(int(time.time()) - 3600)  # an hour ago: a window in the past, as in a post-mortem
+    prom = PrometheusServer()
+    backfill(files, prom.data_dir, end=end)
+    prom.start()
+    spans = {i: recording_span(p)[1] - recording_span(p)[0] for i, p in files.items()}
+    try:
+        yield prom, end, spans
+    finally:
+        prom.close()
+
+
+@pytest.mark.parametrize("instance", sorted(FLEET))
+def test_diagnosis_through_prometheus_matches_the_label(
+    recorded: tuple[PrometheusServer, float, dict[str, float]], instance: str
+) -> None:
+    prom, end, spans = recorded
+    label = corpus.labels()[FLEET[instance]]
+    budgets = Budgets(ttft_ms=label["budgets"].get("ttft_ms"), itl_ms=label["budgets"].get("itl_ms"))
+    target = PrometheusTarget(PrometheusClient(prom.url), Scope("", instance), range_s=spans[instance] + 1, end=end + 0.5)
+    history = target.refresh()
+    original = read_recording(INCIDENTS / label["file"]).scrapes()
+    assert len(history) == len(original), "every recorded scrape, and only those, comes back from Prometheus"
+    findings = diagnose(prepare(history, info=target.status().info, budgets=budgets))
+    ok, why = corpus.judge(findings, label["expect"], len(history))
+    assert ok, f"{FLEET[instance]} through Prometheus: {why}; got {[f.id for f in findings]}"
+
+
+def test_cli_diagnose_and_record_through_prometheus(
+    recorded: tuple[PrometheusServer, float, dict[str, float]], tmp_path: Path
+) -> None:
+    prom, end, spans = recorded
+    instance = "replica-kv:8000"
+    window = ["--prometheus", prom.url, "--instance", instance, "--until", str(end + 0.5),
+              "--since", f"{spans[instance] + 1:.0f}s"]
+    out = cli("diagnose", *window, "--json")
+    direct = cli("diagnose", "--replay", str(INCIDENTS / corpus.labels()[FLEET[instance]]["file"]), "--json")
+    assert out.returncode == direct.returncode == 2, out.stderr  # critical: 24 preemptions in 11 s
+    findings = json.loads(out.stdout)["findings"]
+    assert [f["id"] for f in findings] == [f["id"] for f in json.loads(direct.stdout)["findings"]]
+    assert findings[0]["id"] == "kv_pressure"
+    assert findings[0]["suggestions"][0]["flag"] == "--num-gpu-blocks-override"
+
+    path = tmp_path / "kv.jsonl.gz"
+    rec = cli("record", *window, "--out", str(path))
+    assert rec.returncode == 0, rec.stderr
+    replayed = cli("diagnose", "--replay", str(path), "--json")
+    assert replayed.returncode == 2, replayed.stderr
+    assert [f["id"] for f in json.loads(replayed.stdout)["findings"]] == [f["id"] for f in findings]
+
+    no_instance = cli("diagnose", "--prometheus", prom.url, "--until", str(end))
+    assert no_instance.returncode == 3 and "--instance is needed" in no_instance.stderr
+    for name in FLEET:
+        assert name in no_instance.stderr
+
+
+def test_fleet_report_on_the_recorded_fleet(recorded: tuple[PrometheusServer, float, dict[str, float]]) -> None:
+    prom, end, spans = recorded
+    out = cli("fleet", "--prometheus", prom.url, "--until", str(end + 0.5), "--since",
+              f"{max(spans.values()) + 1:.0f}s", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    rows = {r["instance"]: r for r in report["instances"]}
+    assert set(rows) == set(FLEET)
+    assert rows["replica-ok:8000"]["worst_finding"] is None or rows["replica-ok:8000"]["worst_finding"]["severity"] == "info"
+    assert rows["replica-kv:8000"]["worst_finding"]["id"] == "kv_pressure"
+    assert rows["replica-kv:8000"]["preemptions_per_s"] > 0
+    assert rows["replica-ok:8000"]["preemptions_per_s"] == 0
+    shared = {f["id"]: f for f in report["fleet_findings"]}
+    assert shared["kv_pressure"]["instances"] == ["replica-kv:8000"]
+    assert shared["silent_stall"]["instances"] == ["replica-stall:8000"]
+    assert all("replica-ok:8000" not in f["instances"] for f in report["fleet_findings"])
+
+
+def test_prometheus_down_keeps_history(live: tuple[PrometheusServer, str, str]) -> None:
+    prom, _, sim = live
+    # A Prometheus of its own, so stopping it does not disturb the shared one.
+    own = PrometheusServer([sim]).start()
+    try:
+        own.wait_for_scrapes(3)
+        target = PrometheusTarget(PrometheusClient(own.url, timeout_seconds=3), Scope("", sim), range_s=60)
+        before = target.refresh()
+        assert before and target.status().state == "up"
+        own.stop()
+        after = target.refresh()
+        status = target.status()
+        assert after == before, "history already read survives Prometheus going away"
+        assert status.state == "stale" and status.error is not None and "unreachable" in status.error
+        out = cli("fleet", "--prometheus", own.url, "--timeout", "3")
+        assert out.returncode == 3 and "unreachable" in out.stderr and "Traceback" not in out.stderr
+    finally:
+        own.close()
