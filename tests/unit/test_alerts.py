@@ -27,14 +27,14 @@ def promtool() -> str:
 # What each alert says once Prometheus fills in the labels, written out (not rebuilt from the rules).
 ANNOTATIONS = {
     "VLLMServerDown": ("vLLM server h:8000 does not answer /metrics.", "down"),
-    "VLLMSilentStall": ("m: requests running but no token produced in the last minute.", "stall"),
-    "VLLMKVCachePressure": ("m: preemptions with the KV cache near full: more KV capacity or fewer sequences "
+    "VLLMSilentStall": ("h:8000 (m): requests running but no token produced in the last minute.", "stall"),
+    "VLLMKVCachePressure": ("h:8000 (m): preemptions with the KV cache near full: more KV capacity or fewer sequences "
                             "(never raise --max-num-seqs).", "preemption"),
-    "VLLMQueueAtConcurrencyCap": ("m: requests wait at the running cap while the KV cache has room: raise "
+    "VLLMQueueAtConcurrencyCap": ("h:8000 (m): requests wait at the running cap while the KV cache has room: raise "
                                   "--max-num-seqs.", "queue-at-cap"),
-    "VLLMParallelSamplingWithoutPrefixCaching": ("m: n > 1 sampling with prefix caching off: "
+    "VLLMParallelSamplingWithoutPrefixCaching": ("h:8000 (m): n > 1 sampling with prefix caching off: "
                                                  "--enable-prefix-caching.", "sharing-wasted"),
-    "VLLMDecodeOverITLBudget": ("m: ITL p95 over 50 ms.", "decode-slow"),
+    "VLLMDecodeOverITLBudget": ("h:8000 (m): ITL p95 over 50 ms.", "decode-slow"),
 }
 
 
@@ -58,14 +58,15 @@ def test_rule_file_passes_promtool_check(promtool: str, tmp_path: Path) -> None:
     assert "SUCCESS: 7 rules found" in result.stdout
 
 
-NEW = '{model_name="m",engine="0"}'
-OLD = '{model_name="m"}'
+NEW = '{job="vllm",instance="h:8000",model_name="m",engine="0"}'
+OLD = '{job="vllm",instance="h:8000",model_name="m"}'
+HERE = {"job": "vllm", "instance": "h:8000"}
 
 
 @pytest.mark.parametrize(
     ("usage_metric", "labels", "exp_labels"),
-    [("vllm:kv_cache_usage_perc", NEW, {"model_name": "m", "engine": "0"}),
-     ("vllm:gpu_cache_usage_perc", OLD, {"model_name": "m"})],
+    [("vllm:kv_cache_usage_perc", NEW, {**HERE, "model_name": "m", "engine": "0"}),
+     ("vllm:gpu_cache_usage_perc", OLD, {**HERE, "model_name": "m"})],
 )
 def test_kv_pressure_fires_on_both_spellings(
     promtool: str, tmp_path: Path, usage_metric: str, labels: str, exp_labels: dict[str, str]
@@ -108,19 +109,21 @@ def test_stall_queue_sharing_and_down(promtool: str, tmp_path: Path) -> None:
             {"series": f"vllm:num_requests_waiting{NEW}", "values": "12x120"},
             {"series": f"vllm:kv_cache_usage_perc{NEW}", "values": "0.1x120"},
             {"series": f'vllm:request_params_n_count{NEW}', "values": "0+1x120"},
-            {"series": 'vllm:request_params_n_bucket{model_name="m",engine="0",le="1.0"}', "values": "0x120"},
-            {"series": 'vllm:cache_config_info{engine="0",enable_prefix_caching="False"}', "values": "1x120"},
+            {"series": 'vllm:request_params_n_bucket{job="vllm",instance="h:8000",model_name="m",engine="0",le="1.0"}',
+             "values": "0x120"},
+            {"series": 'vllm:cache_config_info{job="vllm",instance="h:8000",engine="0",enable_prefix_caching="False"}',
+             "values": "1x120"},
             {"series": 'up{job="vllm",instance="h:8000"}', "values": "1x60 0x60"},
         ],
         "alert_rule_test": [
             {"eval_time": "20s", "alertname": "VLLMSilentStall", "exp_alerts": []},
             {"eval_time": "100s", "alertname": "VLLMSilentStall",
-             "exp_alerts": [expect("VLLMSilentStall", "critical", model_name="m", engine="0")]},
+             "exp_alerts": [expect("VLLMSilentStall", "critical", **HERE, model_name="m", engine="0")]},
             {"eval_time": "20s", "alertname": "VLLMQueueAtConcurrencyCap",
-             "exp_alerts": [expect("VLLMQueueAtConcurrencyCap", "warning", model_name="m", engine="0")]},
+             "exp_alerts": [expect("VLLMQueueAtConcurrencyCap", "warning", **HERE, model_name="m", engine="0")]},
             {"eval_time": "30s", "alertname": "VLLMParallelSamplingWithoutPrefixCaching",
-             "exp_alerts": [expect("VLLMParallelSamplingWithoutPrefixCaching", "warning", model_name="m",
-                                   engine="0")]},
+             "exp_alerts": [expect("VLLMParallelSamplingWithoutPrefixCaching", "warning", **HERE,
+                                   model_name="m", engine="0")]},
             {"eval_time": "30s", "alertname": "VLLMServerDown", "exp_alerts": []},
             {"eval_time": "90s", "alertname": "VLLMServerDown",
              "exp_alerts": [expect("VLLMServerDown", "critical", job="vllm", instance="h:8000")]},
@@ -133,12 +136,97 @@ def test_stall_queue_sharing_and_down(promtool: str, tmp_path: Path) -> None:
 def test_itl_budget_alert_reads_the_old_histogram_too(promtool: str, tmp_path: Path) -> None:
     series = []
     for le, rate in (("0.01", 0), ("0.1", 1), ("+Inf", 1)):
-        series.append({"series": f'vllm:time_per_output_token_seconds_bucket{{model_name="m",le="{le}"}}',
+        series.append({"series": f'vllm:time_per_output_token_seconds_bucket{{job="vllm",instance="h:8000",model_name="m",le="{le}"}}',
                        "values": f"0+{rate * 10}x400"})
     tests = [{
         "interval": "1s", "input_series": series,
         "alert_rule_test": [{"eval_time": "300s", "alertname": "VLLMDecodeOverITLBudget",
-                             "exp_alerts": [expect("VLLMDecodeOverITLBudget", "warning", model_name="m")]}],
+                             "exp_alerts": [expect("VLLMDecodeOverITLBudget", "warning", **HERE, model_name="m")]}],
+    }]
+    result = run_promtool(promtool, tmp_path, tests)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- a fleet: several replicas of one model behind one Prometheus --------------------------------
+
+
+def replica(instance: str, **extra: str) -> str:
+    labels = {"job": "vllm", "instance": instance, "model_name": "m", "engine": "0", **extra}
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def fleet_series(replicas: int) -> list[dict[str, str]]:
+    """Replica a in trouble on every rule; b busy and healthy (it even preempts once, at 50 % KV);
+    c (with three replicas) idle, then down."""
+    a, b, c = "a:8000", "b:8000", "c:8000"
+    series = {
+        # a: stalled (running, tokens flat), preempting at 99 % KV... and, after 150 s, queueing at
+        # its cap with room in the cache: one replica, every symptom in its own time.
+        f"vllm:num_requests_running{replica(a)}": "4x150 8x150",
+        f"vllm:generation_tokens_total{replica(a)}": "0+50x30 1500x270",
+        f"vllm:num_preemptions_total{replica(a)}": "0+2x150 300x150",
+        f"vllm:kv_cache_usage_perc{replica(a)}": "0.99x150 0.1x150",
+        f"vllm:num_requests_waiting{replica(a)}": "0x150 12x150",
+        f"vllm:request_params_n_count{replica(a)}": "0+1x300",
+        f"vllm:request_params_n_bucket{replica(a, le='1.0')}": "0x300",
+        f'vllm:cache_config_info{{job="vllm",instance="{a}",engine="0",enable_prefix_caching="False"}}': "1x300",
+        f"up{{job='vllm',instance='{a}'}}".replace("'", '"'): "1x300",
+        # b: busy and healthy: tokens flowing, one preemption burst at 50 % KV, below its own peak
+        # running count (8 earlier) with nobody waiting, n = 1 only.
+        f"vllm:num_requests_running{replica(b)}": "8x10 3x290",
+        f"vllm:generation_tokens_total{replica(b)}": "0+50x300",
+        f"vllm:num_preemptions_total{replica(b)}": "0x20 0+1x280",
+        f"vllm:kv_cache_usage_perc{replica(b)}": "0.5x300",
+        f"vllm:num_requests_waiting{replica(b)}": "0x300",
+        f"vllm:request_params_n_count{replica(b)}": "0+1x300",
+        f"vllm:request_params_n_bucket{replica(b, le='1.0')}": "0+1x300",
+        f'vllm:cache_config_info{{job="vllm",instance="{b}",engine="0",enable_prefix_caching="False"}}': "1x300",
+        f'up{{job="vllm",instance="{b}"}}': "1x300",
+    }
+    if replicas == 3:
+        series.update({
+            f"vllm:num_requests_running{replica(c)}": "0x300",
+            f"vllm:generation_tokens_total{replica(c)}": "0x300",
+            f"vllm:num_preemptions_total{replica(c)}": "0x300",
+            f"vllm:kv_cache_usage_perc{replica(c)}": "0x300",
+            f"vllm:num_requests_waiting{replica(c)}": "0x300",
+            f'up{{job="vllm",instance="{c}"}}': "1x100 0x200",
+        })
+    for instance, slow in ((a, True), (b, False)):
+        for le, per_s in (("0.01", 0 if slow else 10), ("0.1", 10), ("+Inf", 10)):
+            series[f"vllm:inter_token_latency_seconds_bucket{replica(instance, le=le)}"] = f"0+{per_s}x300"
+    return [{"series": k, "values": v} for k, v in series.items()]
+
+
+def on_a(name: str, severity: str) -> dict[str, Any]:
+    labels = {"job": "vllm", "instance": "a:8000", "model_name": "m"}
+    if name != "VLLMDecodeOverITLBudget":
+        labels["engine"] = "0"
+    alert = expect(name, severity, **labels)
+    text, knob = ANNOTATIONS[name]
+    alert["exp_annotations"] = {"summary": text.replace("h:8000", "a:8000"), "knob": knob}
+    return alert
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_fleet_alerts_fire_only_on_the_replica_in_trouble(promtool: str, tmp_path: Path, replicas: int) -> None:
+    checks = [
+        ("100s", "VLLMSilentStall", [on_a("VLLMSilentStall", "critical")]),
+        ("60s", "VLLMKVCachePressure", [on_a("VLLMKVCachePressure", "warning")]),
+        ("200s", "VLLMQueueAtConcurrencyCap", [on_a("VLLMQueueAtConcurrencyCap", "warning")]),
+        ("60s", "VLLMParallelSamplingWithoutPrefixCaching", [on_a("VLLMParallelSamplingWithoutPrefixCaching",
+                                                                  "warning")]),
+        ("290s", "VLLMDecodeOverITLBudget", [on_a("VLLMDecodeOverITLBudget", "warning")]),
+        ("60s", "VLLMServerDown", []),
+    ]
+    if replicas == 3:
+        checks.append(("200s", "VLLMServerDown", [expect("VLLMServerDown", "critical", job="vllm", instance="c:8000")]))
+        ANNOTATIONS_DOWN = ANNOTATIONS["VLLMServerDown"][0].replace("h:8000", "c:8000")
+        checks[-1][2][0]["exp_annotations"]["summary"] = ANNOTATIONS_DOWN
+    tests = [{
+        "interval": "1s",
+        "input_series": fleet_series(replicas),
+        "alert_rule_test": [{"eval_time": t, "alertname": n, "exp_alerts": e} for t, n, e in checks],
     }]
     result = run_promtool(promtool, tmp_path, tests)
     assert result.returncode == 0, result.stdout + result.stderr
