@@ -16,7 +16,7 @@ if target is None:
 
 @st.fragment(run_every=state.refresh_seconds())
 def overview() -> None:
-    collector = resources.collector(target.url, target.api_key)
+    collector = resources.source(target)
     status, history = collector.status(), collector.history()
     widgets.status_banner(status)
     derived = derive_state(history, state.quantile_window_seconds())

@@ -133,14 +133,24 @@ def fleet_report(
                                                     budgets=budgets or Budgets()))
             except Exception as exc:  # noqa: BLE001 - one instance's odd data must not blank the fleet
                 errors[instance] = f"diagnosis failed: {type(exc).__name__}"
-    drawn: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    if charts and instances:
-        step = promql.auto_step(range_s, interval)
-        rate_w = promql.rate_window(step, interval)
-        for key, (_title, _unit, query) in promql.CHART_CONCEPTS.items():
-            drawn[key] = promql.matrix_by_instance(client.query_range(query(scope, rate_w), window.start, end, step))
+    drawn = fleet_charts(client, scope, range_s=range_s, end=end) if charts and instances else {}
     table = rows(instances, columns, found, errors)
     return FleetReport(window, table, fleet_findings(table), outliers(table), client.num_requests - before, drawn)
+
+
+def fleet_charts(
+    client: PrometheusClient, scope: Scope, *, range_s: float, end: float | None = None, step_s: float = 0
+) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """Each chart concept by instance over the range (one range query per chart); ``step_s`` 0 = a
+    step that keeps each line to about 240 points."""
+    end = time.time() if end is None else end
+    interval = client.scrape_interval()
+    step = max(step_s, interval) if step_s else promql.auto_step(range_s, interval)
+    rate_w = promql.rate_window(step, interval)
+    return {
+        key: promql.matrix_by_instance(client.query_range(query(scope, rate_w), end - range_s, end, step))
+        for key, (_title, _unit, query) in promql.CHART_CONCEPTS.items()
+    }
 
 
 class PrometheusTarget:
@@ -185,6 +195,13 @@ class PrometheusTarget:
             return self._history
         self._error = None
         self._history = got.get(self.scope.instance or "", [])
+        return self._history
+
+    def refresh_if_older(self, seconds: float) -> list[Scrape]:
+        """:meth:`refresh` unless the last attempt is younger than ``seconds`` (one query per page
+        refresh, however many fragments read it)."""
+        if self._attempt is None or time.time() - self._attempt >= seconds:
+            return self.refresh()
         return self._history
 
     def history(self) -> list[Scrape]:

@@ -16,13 +16,13 @@ if target is None:
 
 @st.fragment(run_every=state.refresh_seconds())
 def live() -> None:
-    collector = resources.collector(target.url, target.api_key)
+    collector = resources.source(target)
     status, history, gpus = collector.status(), collector.history(), collector.gpu_history()
     widgets.status_banner(status)
     widgets.headline(derive_state(history, state.quantile_window_seconds()), status, history)
     widgets.panels(
         history,
-        window_seconds=state.window_seconds(),
+        window_seconds=state.prom_range_seconds() if target.prometheus else state.window_seconds(),
         quantile_window_seconds=state.quantile_window_seconds(),
         max_num_seqs=state.max_num_seqs(),
         gpus=gpus[-1][1] if gpus else None,
@@ -36,7 +36,7 @@ live()
 
 st.divider()
 minutes = st.select_slider("Save the last … minutes", options=[1, 5, 15], value=5, key=state.SNAPSHOT_MINUTES)
-collector = resources.collector(target.url, target.api_key)
+collector = resources.source(target)
 st.download_button(
     "Save snapshot (.jsonl.gz)",
     data=lambda: encode_recording(collector.recent_records(minutes * 60)),

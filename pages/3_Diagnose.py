@@ -25,8 +25,13 @@ if source == "the live target":
     if target is None:
         st.info("Pick a target in the sidebar first.")
         st.stop()
-    collector = resources.collector(target.url, target.api_key)
-    history, info = window(collector.history(), minutes * 60), collector.status().info
+    collector = resources.source(target)
+    if target.prometheus is not None:
+        # Read through Prometheus: the window is the Fleet page's range (hours back, not minutes).
+        history, info = collector.history(), collector.status().info
+        st.caption(f"Window: the Fleet page's range ({state.get(state.PROM_RANGE)}) read from Prometheus.")
+    else:
+        history, info = window(collector.history(), minutes * 60), collector.status().info
 elif source == "a recording":
     upload = st.file_uploader("Recording (.jsonl / .jsonl.gz)", type=["jsonl", "gz", "json"], key="diag_upload")
     if upload is not None:

@@ -70,7 +70,7 @@ if target is None:
 
 @st.fragment(run_every=state.refresh_seconds())
 def server_check() -> None:
-    collector = resources.collector(target.url, target.api_key)
+    collector = resources.source(target)
     last = last_snapshot(collector.history())
     if last is None or last.snapshot is None or last.snapshot.cache_config is None:
         st.info("No cache_config_info from this server yet.")

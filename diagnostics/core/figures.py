@@ -6,7 +6,9 @@ state instead of an empty chart. Units are the ones people use: %, ms, tok/s, Gi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import html
+import math
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -383,3 +385,37 @@ def finding_figure(
     fig.update_layout(height=220, margin={"l": 50, "r": 10, "t": 10, "b": 30}, yaxis_title=y_title,
                       showlegend=len(fig.data) > 1, legend={"orientation": "h", "y": -0.3}, uirevision="keep")
     return fig
+
+
+_FLEET_SCALE = {"%": (100.0, "%"), "s": (1000.0, "ms"), "/s": (1.0, "per second"), "": (1.0, "")}
+
+
+def fleet_figure(
+    title: str,
+    unit: str,
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    highlight: Collection[str] = (),
+) -> go.Figure | None:
+    """One line per instance (engines side by side, fleet-wide); instances named in ``highlight``
+    (outliers) drawn thick, the others thin. NaN (no answer from a quantile over an idle window)
+    is a gap, not zero."""
+    if not any(series.values()):
+        return None
+    scale, y_title = _FLEET_SCALE.get(unit, (1.0, unit))
+    fig = go.Figure()
+    for instance in sorted(series):
+        points = series[instance]
+        values = [v * scale if math.isfinite(v) else None for _, v in points]
+        fig.add_trace(
+            go.Scatter(
+                x=_times([t for t, _ in points]),
+                y=values,
+                name=html.escape(instance),  # a label from the server: plotly renders names as HTML
+                mode="lines",
+                line={"width": 3.5 if instance in highlight else 1.5},
+                hovertemplate=f"%{{fullData.name}}: %{{y:.3g}} {y_title}<extra></extra>",
+                connectgaps=False,
+            )
+        )
+    extra: dict[str, Any] = {"yaxis_range": [0, 105]} if unit == "%" else {}
+    return _layout(fig, title, y_title, **extra)

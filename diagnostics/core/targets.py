@@ -8,7 +8,11 @@ Secrets::
     prod-a = "http://10.0.0.5:8000"
     prod-b = { url = "http://10.0.0.6:8000", api_key_env = "PROD_B_KEY" }
 
-``VLLM_URL`` in the environment adds a target. A key belongs to the target it was configured for:
+    prometheus_url = "http://prometheus:9090"   # the Fleet page reads this Prometheus
+    prometheus_selector = '{job="vllm"}'         # which of its series are vLLM servers
+
+``VLLM_URL`` in the environment adds a target; ``PROMETHEUS_URL`` / ``PROMETHEUS_SELECTOR`` set the
+fleet's Prometheus. A key belongs to the target it was configured for:
 a URL a viewer types gets no configured key (only one typed beside it), unless it *is* a configured
 target's URL. Keys never leave this module's values through ``repr``: they are excluded from it.
 """
@@ -32,10 +36,26 @@ class TargetChoice:
 
 
 @dataclass(frozen=True, slots=True)
+class PrometheusInstance:
+    """One vLLM server read through Prometheus (opened from the Fleet page)."""
+
+    url: str  # the Prometheus
+    selector: str  # matchers, as promql.parse_selector returns them
+    instance: str  # the instance label
+    model: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.instance} · via Prometheus"
+
+
+@dataclass(frozen=True, slots=True)
 class TargetsConfig:
     targets: tuple[TargetChoice, ...]
     allow_custom: bool
     problems: tuple[str, ...] = ()
+    prometheus_url: str | None = None
+    prometheus_selector: str = ""
 
     def key_for(self, url: str) -> str | None:
         """The configured key of the target at ``url`` (None for any other URL)."""
@@ -93,4 +113,12 @@ def targets_from(secrets: Mapping[str, Any], env: Mapping[str, str]) -> TargetsC
         problems.append(f"secrets: allow_custom_targets = {allow!r} is not true or false; custom URLs are off")
     if not targets and not allow_custom:
         problems.append("secrets: allow_custom_targets = false but no [targets] are listed")
-    return TargetsConfig(tuple(targets), allow_custom, tuple(problems))
+    prom_url = secrets.get("prometheus_url") or env.get("PROMETHEUS_URL") or None
+    prom_selector = secrets.get("prometheus_selector") or env.get("PROMETHEUS_SELECTOR") or ""
+    if prom_url is not None and not isinstance(prom_url, str):
+        problems.append("secrets: prometheus_url must be a URL string")
+        prom_url = None
+    if not isinstance(prom_selector, str):
+        problems.append("secrets: prometheus_selector must be a string such as '{job=\"vllm\"}'")
+        prom_selector = ""
+    return TargetsConfig(tuple(targets), allow_custom, tuple(problems), prom_url, prom_selector)

@@ -9,17 +9,24 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
 from diagnostics.collector import Collector, shared_collector
 from diagnostics.core.derive import Scrape
 from diagnostics.core.gpu import GpuReading
+from diagnostics.core.promql import Scope
 from diagnostics.core.targets import TargetsConfig, targets_from
+from diagnostics.fleet import PrometheusTarget
 from diagnostics.recording import Recording, read_recording
 from diagnostics.sim.server import SimServer
+from diagnostics.ui import state
+
+if TYPE_CHECKING:
+    from diagnostics.ui.widgets import Selected
 from diagnostics.sources import nvml
+from diagnostics.sources.prometheus import PrometheusClient
 
 
 @st.cache_resource(show_spinner=False)
@@ -41,6 +48,28 @@ def nvml_note() -> str | None:
 def collector(url: str, api_key: str | None) -> Collector:
     """The shared collector for a target (started on first use, restarted if it was stopped)."""
     return shared_collector(url, api_key, gpu_reader=_nvml_reader()[0])
+
+
+def source(target: Selected) -> Collector | PrometheusTarget:
+    """Where a page reads a target's history: its shared collector, or Prometheus for an instance
+    opened from the Fleet page (re-read at most once per refresh; a failed read keeps the last)."""
+    if target.prometheus is None:
+        return collector(target.url, target.api_key)
+    ref = target.prometheus
+    prom = _prometheus_target(ref.url, ref.selector, ref.instance, ref.model, state.prom_range_seconds())
+    prom.refresh_if_older(max(1.0, state.refresh_seconds() - 0.5))
+    return prom
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _prometheus_target(url: str, selector: str, instance: str, model: str | None, range_s: int) -> PrometheusTarget:
+    return PrometheusTarget(prometheus_client(url), Scope(selector, instance), range_s=range_s, model=model)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def prometheus_client(url: str) -> PrometheusClient:
+    """One client per Prometheus per process (it caches the scrape interval)."""
+    return PrometheusClient(url, timeout_seconds=10.0)
 
 
 def targets_config() -> TargetsConfig:

@@ -12,6 +12,12 @@ WINDOW_SECONDS = "window_seconds"
 QUANTILE_WINDOW_SECONDS = "quantile_window_seconds"
 MAX_NUM_SEQS = "max_num_seqs"
 SNAPSHOT_MINUTES = "snapshot_minutes"
+PROM_URL = "prometheus_url"
+PROM_SELECTOR = "prometheus_selector"
+PROM_RANGE = "prometheus_range"
+PROM_STEP = "prometheus_step"
+PROM_INSTANCE = "prometheus_instance"  # (url, selector, instance, model) opened from the Fleet page
+FLEET_LAST = "fleet_last_report"  # the last report that came back: kept while Prometheus is away
 
 CUSTOM = "custom URL…"
 SIMULATED = "simulated engine (demo)"
@@ -19,6 +25,8 @@ SCENARIO = "sim_scenario"
 REFRESH_CHOICES = (1, 2, 5, 10)
 WINDOW_CHOICES = {"5 min": 300, "15 min": 900, "1 h": 3600}
 QUANTILE_WINDOW_CHOICES = {"30 s": 30, "60 s": 60, "5 min": 300}
+PROM_RANGE_CHOICES = {"15 min": 900, "1 h": 3600, "6 h": 21600, "1 day": 86400, "7 days": 604800}
+PROM_STEP_CHOICES = {"auto": 0, "15 s": 15, "1 min": 60, "5 min": 300}
 
 
 DEFAULTS: dict[str, object] = {
@@ -29,6 +37,10 @@ DEFAULTS: dict[str, object] = {
     WINDOW_SECONDS: "15 min",
     QUANTILE_WINDOW_SECONDS: "60 s",
     MAX_NUM_SEQS: 0,
+    PROM_URL: "",
+    PROM_SELECTOR: "",
+    PROM_RANGE: "15 min",
+    PROM_STEP: "auto",
 }
 
 
@@ -69,3 +81,11 @@ def quantile_window_seconds() -> int:
 def max_num_seqs() -> int | None:
     value = get(MAX_NUM_SEQS)
     return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def prom_range_seconds() -> int:
+    return PROM_RANGE_CHOICES.get(str(get(PROM_RANGE)), 900)
+
+
+def prom_step_seconds() -> int:
+    return PROM_STEP_CHOICES.get(str(get(PROM_STEP)), 0)

@@ -21,10 +21,10 @@ from diagnostics.core.derive import DerivedState, Scrape, last_snapshot, since_s
 from diagnostics.core.gpu import GpuReading
 from diagnostics.core.info import ServerInfo, TargetStatus
 from diagnostics.core.sim_scenarios import SCENARIOS
-from diagnostics.core.targets import TargetsConfig
+from diagnostics.core.targets import PrometheusInstance, TargetsConfig
 from diagnostics.core.text import fmt_bytes, fmt_latency, fmt_optional, fmt_when, md_escape
 from diagnostics.sources.vllm_http import normalize_url
-from diagnostics.ui import resources, state
+from diagnostics.ui import fleet_view, resources, state
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +33,21 @@ class Selected:
     label: str
     api_key: str | None = field(default=None, repr=False)
     simulated: bool = False
+    prometheus: PrometheusInstance | None = None
 
 
 def _options(config: TargetsConfig) -> list[str]:
     """Configured targets first; the built-in simulation and a custom URL unless the deployment is
     locked to its list (``allow_custom_targets = false``)."""
     extra = [state.SIMULATED, state.CUSTOM] if config.allow_custom else []
-    return [t.name for t in config.targets] + extra
+    opened = _opened()
+    return ([opened.label] if opened is not None else []) + [t.name for t in config.targets] + extra
+
+
+def _opened() -> PrometheusInstance | None:
+    """The instance last opened from the Fleet page, if any."""
+    value = state.get(state.PROM_INSTANCE)
+    return value if isinstance(value, PrometheusInstance) else None
 
 
 PAGES = (
@@ -49,6 +57,7 @@ PAGES = (
     ("pages/3_Diagnose.py", "Diagnose", ":material/troubleshoot:"),
     ("pages/4_PagedAttention.py", "PagedAttention", ":material/grid_view:"),
     ("pages/5_Capacity.py", "Capacity", ":material/calculate:"),
+    ("pages/6_Fleet.py", "Fleet (Prometheus)", ":material/lan:"),
 )
 
 
@@ -65,6 +74,9 @@ def resolve(config: TargetsConfig) -> Selected | None:
         choice = options[0]
     if choice == state.SIMULATED:
         return Selected(resources.simulator().url, "simulated engine", None, simulated=True)
+    opened = _opened()
+    if opened is not None and choice == opened.label:
+        return Selected(opened.instance, opened.label, None, prometheus=opened)
     if choice == state.CUSTOM:
         url = str(state.get(state.CUSTOM_URL) or "")
         if not url.strip():
@@ -170,12 +182,17 @@ def simulation_note(selected: Selected | None) -> None:
         )
 
 
-def page(title: str) -> Selected | None:
+def page(title: str, *, target_note: bool = True) -> Selected | None:
     """Every page starts here: wide layout, the sidebar, the title; returns the chosen target."""
     st.set_page_config(page_title=f"{title} · vLLM triage", page_icon="🩺", layout="wide")
-    selected = sidebar(resources.targets_config())
+    config = resources.targets_config()
+    problem = fleet_view.adopt_link(config)
+    if problem:
+        st.error(md_escape(problem))
+    selected = sidebar(config)
     st.title(title)
-    simulation_note(selected)
+    if target_note:
+        simulation_note(selected)
     return selected
 
 

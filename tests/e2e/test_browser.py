@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from tests.e2e.streamlit_app import streamlit_app
 from tests.integration import load
@@ -21,7 +21,6 @@ from tests.integration.vllm_server import VllmServer
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("ARTIFACTS_DIR", ROOT / "test-artifacts"))
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 RECORDING = ROOT / "tests" / "fixtures" / "recording-tiny-burst-0.32.0.jsonl.gz"
 
 
@@ -31,28 +30,6 @@ def streamlit_url(vllm_main: VllmServer, tmp_path_factory: pytest.TempPathFactor
     env.pop("VLLM_API_KEY", None)
     with streamlit_app(env, tmp_path_factory.mktemp("streamlit") / "streamlit.log") as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install chromium (./scripts/test.sh does)")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run", "--disable-quic"],
-        )
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    pg = browser.new_page(viewport={"width": 1500, "height": 2400})
-    yield pg
-    pg.close()
 
 
 def shoot(page: Page, name: str) -> None:

@@ -13,7 +13,7 @@ from playwright.sync_api import Browser, expect
 
 from diagnostics.sim.server import SimServer
 from tests.e2e.streamlit_app import streamlit_app
-from tests.e2e.test_browser import browser, shoot  # noqa: F401 (the fixture)
+from tests.e2e.test_browser import shoot
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.e2e.streamlit_app import streamlit_app
-from tests.e2e.test_browser import browser, shoot  # noqa: F401 - the shared Chromium fixture
+from tests.e2e.test_browser import shoot
 
 ROOT = Path(__file__).resolve().parents[2]
 

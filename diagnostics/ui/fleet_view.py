@@ -1,0 +1,131 @@
+"""The Fleet page's pieces: the report (cached per refresh), the table as a styled frame with links
+to each instance's views, and adopting an instance opened by such a link."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.core.diagnosis import Budgets
+from diagnostics.core.fleet import FleetRow, Outlier
+from diagnostics.core.promql import FLEET_COLUMNS, Scope, parse_selector
+from diagnostics.core.targets import PrometheusInstance, TargetsConfig, same_url
+from diagnostics.fleet import FleetReport, fleet_report
+from diagnostics.sources.prometheus import normalize_prometheus_url
+from diagnostics.ui import resources, state
+
+_SCALE = {"%": (100.0, "%"), "s": (1000.0, "ms"), "/s": (1.0, "/s"), "": (1.0, "")}
+
+
+@st.cache_data(ttl=30, max_entries=16, show_spinner="Asking Prometheus…")
+def report(url: str, selector: str, range_s: int, itl_ms: float, ttft_ms: float, tick: int) -> FleetReport:
+    """The fleet over the last ``range_s`` (one report per ``tick``: every viewer of the same
+    Prometheus within a refresh shares it). Raises ``TargetError``."""
+    client = resources.prometheus_client(url)
+    budgets = Budgets(itl_ms=itl_ms or None, ttft_ms=ttft_ms or None)
+    return fleet_report(client, Scope(selector), range_s=range_s, budgets=budgets, charts=True)
+
+
+def tick(every_seconds: float) -> int:
+    return int(time.time() // every_seconds)
+
+
+def link(page: str, url: str, selector: str, row: FleetRow) -> str:
+    query = {"prometheus": url, "instance": row.instance, "range": str(state.get(state.PROM_RANGE))}
+    if selector:
+        query["selector"] = selector
+    if row.model:
+        query["model"] = row.model
+    return f"/{page}?{urlencode(query)}"
+
+
+def frame(rows: list[FleetRow], url: str, selector: str) -> pd.DataFrame:
+    """One row per instance, numbers in the units a person reads (%, ms, per second)."""
+    records: list[dict[str, Any]] = []
+    for row in rows:
+        worst = row.worst
+        rec: dict[str, Any] = {
+            "instance": row.instance,
+            "live": link("Live", url, selector, row),
+            "diagnose": link("Diagnose", url, selector, row),
+            "up": {True: "up", False: "DOWN", None: "?"}[row.up],
+            "worst finding": f"{worst.severity.upper()}: {worst.title}" if worst is not None else row.error or "—",
+        }
+        for col in FLEET_COLUMNS:
+            scale, _ = _SCALE[col.unit]
+            value = row.values.get(col.key)
+            rec[col.key] = None if value is None else value * scale
+        rec["model"] = row.model or "—"
+        records.append(rec)
+    return pd.DataFrame.from_records(records)
+
+
+def column_config() -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "instance": st.column_config.TextColumn("instance"),
+        "live": st.column_config.LinkColumn("Live", display_text="open ↗", help="this instance's charts, via Prometheus"),
+        "diagnose": st.column_config.LinkColumn("Diagnose", display_text="open ↗"),
+        "worst finding": st.column_config.TextColumn("worst finding", width="medium"),
+    }
+    for col in FLEET_COLUMNS:
+        _, unit = _SCALE[col.unit]
+        fmt = "%.1f" if unit in ("%", "ms") else "%.2f" if unit == "/s" else "%.0f"
+        header = f"{col.header} ({unit})" if unit else col.header
+        config[col.key] = st.column_config.NumberColumn(header, format=fmt + (" %%" if unit == "%" else ""))
+    return config
+
+
+def styled(df: pd.DataFrame, found: list[Outlier]) -> Any:
+    """The frame with every outlier cell (and a down replica's row) tinted."""
+    marks = {(o.instance, o.key) for o in found}
+    down = {o.instance for o in found if o.key == "up"}
+
+    def tint(row: pd.Series) -> list[str]:
+        out = []
+        for column in row.index:
+            if row["instance"] in down:
+                out.append("background-color: rgba(214, 39, 40, 0.25)")
+            elif (row["instance"], column) in marks:
+                out.append("background-color: rgba(255, 127, 14, 0.30)")
+            else:
+                out.append("")
+        return out
+
+    return df.style.apply(tint, axis=1)
+
+
+def adopt_link(config: TargetsConfig) -> str | None:
+    """An instance opened by a Fleet-table link (``?prometheus=…&instance=…``) becomes the target;
+    returns why not, when the link cannot be followed here."""
+    params = st.query_params
+    if "prometheus" not in params or "instance" not in params:
+        return None
+    url, instance = params.get("prometheus", ""), params.get("instance", "")
+    try:
+        url = normalize_prometheus_url(url)
+        selector = parse_selector(params.get("selector", ""))
+    except ValueError as exc:
+        return str(exc)
+    if not config.allow_custom and not (config.prometheus_url and same_url(config.prometheus_url, url)):
+        return "This deployment only reads its configured Prometheus."
+    opened = PrometheusInstance(url, selector, instance, params.get("model") or None)
+    st.session_state[state.PROM_INSTANCE] = opened
+    st.session_state[state.TARGET_NAME] = opened.label
+    st.session_state[state.PROM_URL] = url
+    if params.get("range") in state.PROM_RANGE_CHOICES:
+        st.session_state[state.PROM_RANGE] = params["range"]
+    st.query_params.clear()
+    return None
+
+
+@st.cache_data(ttl=30, max_entries=16, show_spinner=False)
+def charts(url: str, selector: str, range_s: int, step_s: int, tick: int) -> dict[str, Any]:
+    """The fleet charts at a step the user chose (one range query per chart)."""
+    from diagnostics.fleet import fleet_charts
+
+    client = resources.prometheus_client(url)
+    return fleet_charts(client, Scope(selector), range_s=range_s, step_s=step_s)
