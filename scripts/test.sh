@@ -30,10 +30,10 @@ fi
 export VLLM_PYTHON="$VLLM_VENV/bin/python"
 
 # Debian packages: Chromium for the browser tests (Playwright cannot download browsers here),
-# prometheus for promtool (alert-rule tests).
+# prometheus (its server for the fleet tests, promtool for the alert rules and backfilled incidents).
 missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
-command -v promtool >/dev/null || missing+=(prometheus)
+{ command -v promtool && command -v prometheus; } >/dev/null || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -106,22 +106,28 @@ class PrometheusServer:
         self._tmp.cleanup()
 
 
-def openmetrics_from_recording(path: Path, instance: str, job: str = "vllm", shift: float = 0.0) -> str:
-    """A recording's scrapes as OpenMetrics with timestamps, labelled as Prometheus would have
-    scraped them (``job``, ``instance``, ``up``): the input of ``promtool tsdb create-blocks-from``."""
-    by_family: dict[str, list[str]] = {}
+Scrapes = list[tuple[float, str | None]]
+"""(ts, /metrics text or None for a failed scrape), oldest first."""
+
+
+def recording_scrapes(path: Path) -> Scrapes:
     with gzip.open(path, "rt", encoding="utf-8") as handle:
-        for line in handle:
-            record = json.loads(line)
-            ts = record["ts"] + shift
-            target = f'job="{job}",instance="{instance}"'
-            by_family.setdefault("up", []).append(f"up{{{target}}} {1 if 'metrics' in record else 0} {ts:.3f}")
-            if "metrics" not in record:
-                continue
-            for s in parse_vllm_samples(record["metrics"]):
-                labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
-                name = s.name
-                by_family.setdefault(name, []).append(f"{name}{{{target}{',' + labels if labels else ''}}} {s.value!r} {ts:.3f}")
+        return [(r["ts"], r.get("metrics")) for r in map(json.loads, handle)]
+
+
+def openmetrics(scrapes: Scrapes, instance: str, job: str = "vllm", shift: float = 0.0) -> str:
+    """Scrapes as OpenMetrics with timestamps, labelled as Prometheus would have scraped them
+    (``job``, ``instance``, ``up``): the input of ``promtool tsdb create-blocks-from``."""
+    by_family: dict[str, list[str]] = {}
+    target = f'job="{job}",instance="{instance}"'
+    for raw_ts, text in scrapes:
+        ts = raw_ts + shift
+        by_family.setdefault("up", []).append(f"up{{{target}}} {0 if text is None else 1} {ts:.3f}")
+        if text is None:
+            continue
+        for s in parse_vllm_samples(text):
+            labels = "".join(f',{k}="{v}"' for k, v in s.labels.items())
+            by_family.setdefault(s.name, []).append(f"{s.name}{{{target}{labels}}} {s.value!r} {ts:.3f}")
     lines: list[str] = []
     for name, samples in by_family.items():
         lines.append(f"# TYPE {name} gauge")  # untyped as far as the TSDB cares; names keep their suffixes
@@ -131,19 +137,19 @@ def openmetrics_from_recording(path: Path, instance: str, job: str = "vllm", shi
 
 
 def recording_span(path: Path) -> tuple[float, float]:
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        stamps = [json.loads(line)["ts"] for line in handle]
+    stamps = [ts for ts, _ in recording_scrapes(path)]
     return stamps[0], stamps[-1]
 
 
-def backfill(recordings: dict[str, Path], data_dir: Path, end: float | None = None) -> None:
+def backfill(recordings: dict[str, Path | Scrapes], data_dir: Path, end: float | None = None) -> None:
     """Write each recording (instance → file) into ``data_dir`` as TSDB blocks; with ``end``, each
     is shifted in time to end there (recordings made on different days become one fleet)."""
     _, promtool = binaries()
     data_dir.mkdir(parents=True, exist_ok=True)
-    for instance, path in recordings.items():
+    for instance, source in recordings.items():
+        scrapes = recording_scrapes(source) if isinstance(source, Path) else source
         src = data_dir.parent / f"{instance.replace(':', '_')}.om"
-        shift = 0.0 if end is None else end - recording_span(path)[1]
-        src.write_text(openmetrics_from_recording(path, instance, shift=shift))
+        shift = 0.0 if end is None else end - scrapes[-1][0]
+        src.write_text(openmetrics(scrapes, instance, shift=shift))
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(src), str(data_dir)],
                        check=True, capture_output=True, timeout=300)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.collector import Collector
+from diagnostics.core.catalog import parse_snapshot
 from diagnostics.core.derive import histogram_delta, quantile_estimate
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare
 from diagnostics.core.promql import FLEET_COLUMNS, Scope
@@ -32,7 +33,7 @@ from diagnostics.sources.prometheus import PrometheusClient
 from diagnostics.sources.vllm_http import VllmClient
 from tests.fixtures.incidents import corpus
 from tests.integration import load
-from tests.integration.prometheus_server import PrometheusServer, backfill, recording_span
+from tests.integration.prometheus_server import PrometheusServer, Scrapes, backfill, recording_span
 from tests.integration.vllm_server import SERVED_NAME, VllmServer
 
 pytestmark = pytest.mark.integration
@@ -136,15 +137,21 @@ FLEET = {
 }
 
 
+OLD = "replica-old:8000"
+OLD_TEXT = (ROOT / "tests/fixtures/metrics-0.8-renamed.txt").read_text()
+
+
 @pytest.fixture(scope="module")
 def recorded() -> Iterator[tuple[PrometheusServer, float, dict[str, float]]]:
     labels = corpus.labels()
-    files = {instance: INCIDENTS / labels[name]["file"] for instance, name in FLEET.items()}
+    files: dict[str, Path | Scrapes] = {instance: INCIDENTS / labels[name]["file"] for instance, name in FLEET.items()}
+    # A server with vLLM's pre-0.9 spellings (gpu_cache_usage_perc, time_per_output_token_seconds…).
+    files[OLD] = [(float(t), OLD_TEXT) for t in range(5)]
     end = float(int(time.time()) - 3600)  # an hour ago: a window in the past, as in a post-mortem
     prom = PrometheusServer()
     backfill(files, prom.data_dir, end=end)
     prom.start()
-    spans = {i: recording_span(p)[1] - recording_span(p)[0] for i, p in files.items()}
+    spans = {i: recording_span(p)[1] - recording_span(p)[0] for i, p in files.items() if isinstance(p, Path)}
     try:
         yield prom, end, spans
     finally:
@@ -202,7 +209,7 @@ def test_fleet_report_on_the_recorded_fleet(recorded: tuple[PrometheusServer, fl
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     rows = {r["instance"]: r for r in report["instances"]}
-    assert set(rows) == set(FLEET)
+    assert set(rows) == {*FLEET, OLD}
     assert rows["replica-ok:8000"]["worst_finding"] is None or rows["replica-ok:8000"]["worst_finding"]["severity"] == "info"
     assert rows["replica-kv:8000"]["worst_finding"]["id"] == "kv_pressure"
     assert rows["replica-kv:8000"]["preemptions_per_s"] > 0
@@ -211,6 +218,13 @@ def test_fleet_report_on_the_recorded_fleet(recorded: tuple[PrometheusServer, fl
     assert shared["kv_pressure"]["instances"] == ["replica-kv:8000"]
     assert shared["silent_stall"]["instances"] == ["replica-stall:8000"]
     assert all("replica-ok:8000" not in f["instances"] for f in report["fleet_findings"])
+
+    # The old spellings answer the same columns (the PromQL joins both with `or`).
+    old = parse_snapshot(OLD_TEXT)
+    assert old.spellings["kv_cache_usage_perc"] == "vllm:gpu_cache_usage_perc"
+    assert rows[OLD]["kv_cache_usage_perc"] == pytest.approx(old.value("kv_cache_usage_perc"))
+    assert rows[OLD]["num_requests_running"] == old.value("num_requests_running")
+    assert rows[OLD]["generation_tokens_per_s"] == 0  # the same payload five times: no progress
 
 
 def test_prometheus_down_keeps_history(live: tuple[PrometheusServer, str, str]) -> None:
