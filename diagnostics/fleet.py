@@ -77,10 +77,9 @@ def records(client: PrometheusClient, scope: Scope, window: Window, model: str |
     matrix = raw_matrix(client, scope, window)
     out: list[Record] = []
     info = server_info(model)
-    for ts, samples in promql.samples_at(matrix, scope.instance).items():
-        up = next((s.value for s in samples if s.name == "up"), 1.0)
+    for ts, samples in promql.samples_by_instance(matrix).get(scope.instance, {}).items():
         payload = {"version": None, "models": info.models_json} if info is not None and not out else None
-        if up < 1 or not any(s.name.startswith("vllm:") for s in samples):
+        if promql.is_down(samples):
             out.append(Record(ts, scope.instance, error=f"Prometheus: {scope.instance} down at this instant",
                               info=payload))
         else:

@@ -270,12 +270,8 @@ def discovered(up: Sequence[Mapping[str, Any]], models: Sequence[Mapping[str, An
     return [Discovered(i, model_of.get(i) or None, up_of.get(i)) for i in sorted(names)]
 
 
-def histories_from_matrix(result: Sequence[Mapping[str, Any]]) -> dict[str, list[Scrape]]:
-    """A raw-series range answer (:func:`raw_series_query`) → per-instance history, as the live
-    collector would have kept it at those instants: a snapshot where the instance had ``vllm:``
-    samples, an error scrape where Prometheus saw it down (``up`` 0) or had no sample."""
-    per: dict[str, dict[float, list[Sample]]] = {}
-    up: dict[str, dict[float, float]] = {}
+def _series(result: Sequence[Mapping[str, Any]]) -> Iterable[tuple[str, str, dict[str, str], Sequence[Any]]]:
+    """Each answered series as (instance, name, the server's own labels, points)."""
     for series in result:
         labels = dict(series.get("metric", {}))
         name = labels.pop("__name__", None)
@@ -284,42 +280,41 @@ def histories_from_matrix(result: Sequence[Mapping[str, Any]]) -> dict[str, list
             continue
         for key in TARGET_LABELS:
             labels.pop(key, None)
-        points = series.get("values", ())
-        if name == "up":
-            up.setdefault(instance, {}).update((float(ts), _number(v)) for ts, v in points)
-            continue
-        by_ts = per.setdefault(instance, {})
+        yield str(instance), str(name), labels, series.get("values", ())
+
+
+def samples_by_instance(result: Sequence[Mapping[str, Any]]) -> dict[str, dict[float, list[Sample]]]:
+    """A raw-series answer as each instance's samples per scrape timestamp (``up`` included), the
+    target labels Prometheus added stripped, oldest first."""
+    out: dict[str, dict[float, list[Sample]]] = {}
+    for instance, name, labels, points in _series(result):
+        by_ts = out.setdefault(instance, {})
         for ts, v in points:
             by_ts.setdefault(float(ts), []).append(Sample(name, labels, _number(v)))
+    return {i: dict(sorted(by_ts.items())) for i, by_ts in sorted(out.items())}
+
+
+def is_down(samples: Sequence[Sample]) -> bool:
+    """A scrape Prometheus saw fail (``up`` 0), or one without a vLLM sample."""
+    up = next((s.value for s in samples if s.name == "up"), 1.0)
+    return up < 1 or not any(s.name.startswith("vllm:") for s in samples)
+
+
+def histories_from_matrix(result: Sequence[Mapping[str, Any]]) -> dict[str, list[Scrape]]:
+    """A raw-series range answer (:func:`raw_series_query`) → per-instance history, as the live
+    collector would have kept it at those instants: a snapshot where the instance had ``vllm:``
+    samples, an error scrape where Prometheus saw it down (``up`` 0) or had no sample."""
     out: dict[str, list[Scrape]] = {}
-    for instance in sorted(set(per) | set(up)):
-        samples_at = per.get(instance, {})
-        up_at = up.get(instance, {})
+    for instance, by_ts in samples_by_instance(result).items():
         scrapes: list[Scrape] = []
-        for ts in sorted(set(samples_at) | set(up_at)):
-            samples = samples_at.get(ts, [])
-            if up_at.get(ts, 1.0) < 1 or not any(s.name.startswith("vllm:") for s in samples):
-                why = "down" if up_at.get(ts) == 0 else "no vLLM samples"
+        for ts, samples in by_ts.items():
+            if is_down(samples):
+                why = "down" if any(s.name == "up" and s.value == 0 for s in samples) else "no vLLM samples"
                 scrapes.append(Scrape(ts, None, f"Prometheus: {instance} {why} at this instant"))
-                continue
-            scrapes.append(Scrape(ts, snapshot_from_samples(samples)))
+            else:
+                scrapes.append(Scrape(ts, snapshot_from_samples(samples)))
         out[instance] = scrapes
     return out
-
-
-def samples_at(result: Sequence[Mapping[str, Any]], instance: str) -> dict[float, list[Sample]]:
-    """One instance's raw samples per timestamp (``up`` included), target labels stripped."""
-    out: dict[float, list[Sample]] = {}
-    for series in result:
-        labels = dict(series.get("metric", {}))
-        name = labels.pop("__name__", None)
-        if name is None or labels.get("instance") != instance:
-            continue
-        for key in TARGET_LABELS:
-            labels.pop(key, None)
-        for ts, v in series.get("values", ()):
-            out.setdefault(float(ts), []).append(Sample(name, labels, _number(v)))
-    return dict(sorted(out.items()))
 
 
 def _escape(value: str) -> str:
