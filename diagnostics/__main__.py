@@ -1,4 +1,4 @@
-"""The headless CLI: ``python -m diagnostics record|status|diagnose|fleet|alert-rules`` (same core as the app).
+"""The headless CLI: ``python -m diagnostics record|status|diagnose|fleet|probe|alert-rules`` (same core as the app).
 
 Every command that takes ``--url`` also takes ``--prometheus URL [--selector S] [--instance I]
 [--since 2h]``: the same views read from the history Prometheus keeps.
@@ -442,6 +442,89 @@ def _fmt_s(value: float | None) -> str:
     return "—" if value is None or not math.isfinite(value) else fmt_seconds_as_ms(value)
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from diagnostics.core.probe import ProbeSpec, with_server
+    from diagnostics.sources.probe_http import Probe, ProbeRefused
+
+    spec = ProbeSpec(
+        concurrency=args.concurrency, requests=args.requests, seconds=args.seconds,
+        prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, ignore_eos=not args.no_ignore_eos,
+        shared_prefix_tokens=args.shared_prefix_tokens, n=args.n, model=args.model, seed=args.seed,
+    )
+    if spec.problems():
+        raise CliError("refused: " + "; ".join(spec.problems()), 2)
+    client = _client(args)
+    what = spec.describe(client.base_url)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError(f"this adds load — {what}. Add --yes to confirm.", 2)
+        answer = input(f"Send {what}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("not sent", file=sys.stderr)
+            return 0
+    _check_first(client)
+    collector = Collector(client, interval_seconds=0.5, retention_seconds=MAX_PROBE_RETENTION).start()
+    try:
+        time.sleep(0.6)  # a scrape before the first request: the server side starts from it
+        try:
+            probe = Probe(client.base_url, spec, api_key_from_env(args.api_key_env)).start()
+        except ProbeRefused as exc:
+            raise CliError(f"refused: {exc}", 2) from None
+        print(f"probing: {what}", file=sys.stderr)
+        try:
+            while not probe.done:
+                probe.wait(1.0)
+                if not args.json and not probe.done:
+                    sent, finished, failed = probe.progress()
+                    print(f"  {finished} finished, {failed} failed, {sent - finished} in flight", file=sys.stderr)
+        except KeyboardInterrupt:
+            probe.cancel()
+            probe.wait(30)
+        time.sleep(0.6)  # and a scrape after the last answer
+    finally:
+        collector.stop()
+    if probe.failure and not probe.summary().results:
+        raise CliError(probe.failure, EXIT_TARGET)
+    summary = with_server(probe.summary(), collector.history())
+    obj = summary.to_json()
+    if args.json:
+        print(json.dumps(obj, indent=1))
+    else:
+        print(render_probe(obj))
+    return 0
+
+
+MAX_PROBE_RETENTION = 700.0
+
+
+def render_probe(obj: dict[str, Any]) -> str:
+    from diagnostics.core.probe import disagreements
+
+    def q(key: str) -> str:
+        v = obj[key]
+        return "   ".join(f"{p} {_fmt_s(v[p])}" for p in ("p50", "p95", "p99"))
+
+    errors = ", ".join(f"{k} {n}" for k, n in obj["errors_by_kind"].items()) or "none"
+    lines = [
+        f"target        {obj['target']}{'  (cancelled)' if obj['cancelled'] else ''}",
+        f"requests      {obj['completed']} of {obj['requests']} completed in {obj['duration_seconds']:.1f} s"
+        f"   errors: {errors}",
+        f"throughput    {obj['output_tokens_per_second']:.1f} output tok/s   {obj['requests_per_second']:.2f} req/s",
+        f"TTFT          {q('ttft_seconds')}",
+        f"ITL           {q('itl_seconds')}",
+        f"e2e           {q('e2e_seconds')}",
+    ]
+    server = obj.get("server", {})
+    if "requests_finished" in server:
+        lines.append(f"server        {_fmt(server['requests_finished'], digits=0)} requests finished, "
+                     f"{_fmt(server['generation_tokens'], digits=0)} tokens generated over the same window")
+    for kind, detail in obj.get("error_details", {}).items():
+        lines.append(f"first {kind:8} {detail}")
+    for d in disagreements(obj):
+        lines.append(f"note          {d.text}")
+    return "\n".join(lines)
+
+
 def cmd_alert_rules(args: argparse.Namespace) -> int:
     text = alert_rules_yaml(
         Thresholds(), job=args.job, itl_budget_ms=args.itl_budget_ms, ttft_budget_ms=args.ttft_budget_ms
@@ -559,6 +642,28 @@ def build_parser() -> _Parser:
     fleet.add_argument("--ttft-budget-ms", type=_positive, help="time-to-first-token budget (p95), ms")
     fleet.add_argument("--json", action="store_true", help="one object per instance: instance, model, up, …")
     fleet.set_defaults(func=cmd_fleet)
+
+    probe = sub.add_parser("probe", help="verify under load: a bounded burst of streaming requests, timed by the client")
+    probe.add_argument("--url", required=True, help="base URL of the vLLM server")
+    probe.add_argument("--api-key-env", default=DEFAULT_API_KEY_ENV, metavar="VAR",
+                       help=f"environment variable holding the API key (default {DEFAULT_API_KEY_ENV})")
+    probe.add_argument("--timeout", type=_positive, help="seconds the first /metrics check may take (default 2)")
+    probe.add_argument("--interval", type=_positive, default=0.5, help=argparse.SUPPRESS)
+    probe.add_argument("--concurrency", type=int, required=True, help="clients sending at once")
+    amount = probe.add_mutually_exclusive_group(required=True)
+    amount.add_argument("--requests", type=int, help="how many requests in all")
+    amount.add_argument("--seconds", type=_positive, help="send for this long (requests in flight then finish)")
+    probe.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (default 128)")
+    probe.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
+    probe.add_argument("--shared-prefix-tokens", type=int, default=0, help="tokens every prompt starts with")
+    probe.add_argument("--n", type=int, default=1, help="samples per request")
+    probe.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (default: exactly "
+                       "--max-tokens each)")
+    probe.add_argument("--model", help="the served model name (default: the server's first)")
+    probe.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    probe.add_argument("--yes", action="store_true", help="confirm the load without asking")
+    probe.add_argument("--json", action="store_true", help="one JSON object")
+    probe.set_defaults(func=cmd_probe)
 
     alerts = sub.add_parser("alert-rules", help="a Prometheus rule file with the same thresholds")
     alerts.add_argument("--out", help="write to this file (default: stdout)")

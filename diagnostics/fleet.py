@@ -219,7 +219,8 @@ class PrometheusTarget:
         history = self._history
         last_ok = next((s.ts for s in reversed(history) if s.snapshot is not None), None)
         if self._error is not None:
-            # Prometheus did not answer: what the instance does now is unknown, not "down".
+            # Prometheus did not answer: with history, what the instance does now is unknown (stale);
+            # with none there is nothing to show, and the error names Prometheus, not the server.
             state, error = ("stale" if history else "down", self._error)
         elif not history:
             state, error = ("down", f"Prometheus has no samples of {self.scope.instance} in this window")

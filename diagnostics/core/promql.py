@@ -33,6 +33,8 @@ TARGET_LABELS = ("job", "instance")
 
 _MATCHER = re.compile(r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*')
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+_UNIT_Y = 365 * 86400
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -69,11 +71,20 @@ def label_value(value: str) -> str:
 
 
 def parse_duration(text: str) -> float:
-    """``90s``, ``15m``, ``2h``, ``7d`` (or plain seconds) → seconds; ``ValueError`` otherwise."""
+    """``90s``, ``15m``, ``2h``, ``7d``, plain seconds, or Prometheus's compound form (``1m30s``,
+    as its targets API reports intervals) → seconds; ``ValueError`` otherwise."""
     m = _DURATION.match(text or "")
-    if m is None or float(m.group(1)) <= 0:
+    if m is not None:
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2) or "s"]
+    else:
+        body = (text or "").strip()
+        parts = _DURATION_PART.findall(body)
+        if not parts or "".join(a + b for a, b in parts) != body:
+            raise ValueError(f"{text!r} is not a duration such as 15m, 2h or 7d")
+        seconds = sum(float(a) * (_UNIT_Y if b == "y" else _UNIT_SECONDS[b]) for a, b in parts)
+    if seconds <= 0:
         raise ValueError(f"{text!r} is not a duration such as 15m, 2h or 7d")
-    return float(m.group(1)) * _UNIT_SECONDS[m.group(2) or "s"]
+    return seconds
 
 
 def duration(seconds: float) -> str:

@@ -60,7 +60,7 @@ def test_fleet_page_lists_both_and_opens_an_instance(
     assert sim_row[3] == "up" and real_row[3] == "up"
     assert sim_row[4].startswith(("WARNING: KV-cache pressure", "CRITICAL: KV-cache pressure")), sim_row
     assert "KV-cache pressure" not in real_row[4], real_row
-    assert page.locator(".js-plotly-plot").count() == 5
+    expect(page.locator(".js-plotly-plot")).to_have_count(5)
     shoot(page, "fleet.png")
 
     live_link = real_row[1]

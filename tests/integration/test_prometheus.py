@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from diagnostics.collector import Collector
-from diagnostics.core.catalog import parse_snapshot
 from diagnostics.core.derive import histogram_delta, quantile_estimate
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare
 from diagnostics.core.promql import FLEET_COLUMNS, Scope
@@ -90,7 +89,7 @@ def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[Pr
     direct = Collector(VllmClient(vllm_tiny.url), interval_seconds=0.25).start()
     time.sleep(1.0)
     # 12 KV blocks: 40 requests of 200 tokens keep the tiny server busy (and preempting) for seconds.
-    load.completions(vllm_tiny.url, 40, prompt=[11, 12, 13, 14, 15, 16, 17, 18, 19, 20], max_tokens=200)
+    load.completions(vllm_tiny.url, 60, prompt=[11, 12, 13, 14, 15, 16, 17, 18, 19, 20], max_tokens=200)
     time.sleep(1.5)
     direct.stop()
     time.sleep(1.5)  # Prometheus's next scrape
@@ -100,7 +99,9 @@ def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[Pr
     assert len(history) >= 4, f"{len(history)} Prometheus scrapes inside the burst"
     moving = 0
     for scrape in history:
-        near = [s.snapshot for s in seen if abs(s.ts - scrape.ts) <= 1.0]  # one Prometheus scrape interval
+        # One Prometheus scrape interval, plus the time a busy server takes to answer: Prometheus
+        # stamps a scrape when it starts, the collector when the answer is in.
+        near = [s.snapshot for s in seen if -1.5 <= s.ts - scrape.ts <= 1.5]
         assert near
         for concept in ("generation_tokens", "prompt_tokens", "num_preemptions", "num_requests_running",
                         "kv_cache_usage_perc"):
@@ -111,8 +112,9 @@ def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[Pr
     assert moving >= 2, "the burst never showed between two direct scrapes"
 
     # The fleet table's PromQL quantile (buckets summed by le, then histogram_quantile) agrees with
-    # the dashboard's own estimate over the same samples (the window reaches 50 ms before the first
-    # and 100 ms past the last: rate()'s extrapolation scales every bucket alike).
+    # the dashboard's own estimate over the same samples: the same bucket, and within 5 % (the window
+    # reaches 50 ms before the first sample and 100 ms past the last; rate() extrapolates to those
+    # edges, each bucket alike except one that starts at 0, capped where it would go below zero).
     end = history[-1].ts + 0.1
     span = end - history[0].ts + 0.05
     report = fleet_report(PrometheusClient(prom.url), Scope('job="vllm"'), range_s=span, end=end,
@@ -123,7 +125,7 @@ def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[Pr
     assert ours is not None and row.values["itl_p95_s"] is not None
     promql_p95 = row.values["itl_p95_s"]
     assert ours.lower <= promql_p95 <= ours.upper, (promql_p95, ours)
-    assert math.isclose(promql_p95, ours.value, rel_tol=1e-3), (promql_p95, ours)
+    assert math.isclose(promql_p95, ours.value, rel_tol=0.05), (promql_p95, ours)
 
 
 # -- recorded incidents, backfilled -------------------------------------------------------------
@@ -192,6 +194,11 @@ def test_cli_diagnose_and_record_through_prometheus(
     path = tmp_path / "kv.jsonl.gz"
     rec = cli("record", *window, "--out", str(path))
     assert rec.returncode == 0, rec.stderr
+    original = read_recording(INCIDENTS / corpus.labels()[FLEET[instance]]["file"])
+    written = read_recording(path)
+    assert len(written.records) == len(original.records) and not written.problems
+    assert [r.metrics is None for r in written.records] == [r.metrics is None for r in original.records]
+    assert written.info() is not None and written.info().model == "tiny"  # type: ignore[union-attr]
     replayed = cli("diagnose", "--replay", str(path), "--json")
     assert replayed.returncode == 2, replayed.stderr
     assert [f["id"] for f in json.loads(replayed.stdout)["findings"]] == [f["id"] for f in findings]
@@ -219,11 +226,11 @@ def test_fleet_report_on_the_recorded_fleet(recorded: tuple[PrometheusServer, fl
     assert shared["silent_stall"]["instances"] == ["replica-stall:8000"]
     assert all("replica-ok:8000" not in f["instances"] for f in report["fleet_findings"])
 
-    # The old spellings answer the same columns (the PromQL joins both with `or`).
-    old = parse_snapshot(OLD_TEXT)
-    assert old.spellings["kv_cache_usage_perc"] == "vllm:gpu_cache_usage_perc"
-    assert rows[OLD]["kv_cache_usage_perc"] == pytest.approx(old.value("kv_cache_usage_perc"))
-    assert rows[OLD]["num_requests_running"] == old.value("num_requests_running")
+    # The old spellings answer the same columns (the PromQL joins both with `or`): the values in
+    # tests/fixtures/metrics-0.8-renamed.txt, vllm:gpu_cache_usage_perc and num_requests_running.
+    assert 'vllm:gpu_cache_usage_perc{model_name="tiny"} 0.00366233' in OLD_TEXT
+    assert rows[OLD]["kv_cache_usage_perc"] == pytest.approx(0.00366233, rel=1e-4)
+    assert rows[OLD]["num_requests_running"] == 30
     assert rows[OLD]["generation_tokens_per_s"] == 0  # the same payload five times: no progress
 
 
@@ -234,14 +241,17 @@ def test_prometheus_down_keeps_history(live: tuple[PrometheusServer, str, str]) 
     try:
         own.wait_for_scrapes(3)
         target = PrometheusTarget(PrometheusClient(own.url, timeout_seconds=3), Scope("", sim), range_s=60)
-        before = target.refresh()
+        before = list(target.refresh())
         assert before and target.status().state == "up"
         own.stop()
-        after = target.refresh()
+        target.refresh()
         status = target.status()
-        assert after == before, "history already read survives Prometheus going away"
+        assert target.history() == before, "history already read survives Prometheus going away"
         assert status.state == "stale" and status.error is not None and "unreachable" in status.error
         out = cli("fleet", "--prometheus", own.url, "--timeout", "3")
         assert out.returncode == 3 and "unreachable" in out.stderr and "Traceback" not in out.stderr
+        # A query Prometheus refuses (a selector that parses as matchers but not as a regex).
+        bad = cli("fleet", "--prometheus", prom.url, "--selector", '{job=~"("}')
+        assert bad.returncode == 3 and "refused" in bad.stderr and "Traceback" not in bad.stderr
     finally:
         own.close()

@@ -52,12 +52,12 @@ def test_durations_keep_milliseconds(seconds: float, text: str) -> None:
     assert duration(seconds) == text
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("15m", 900), ("2h", 7200), ("7d", 604800), ("90", 90), ("1.5s", 1.5)])
+@pytest.mark.parametrize(("text", "seconds"), [("15m", 900), ("2h", 7200), ("7d", 604800), ("90", 90), ("1.5s", 1.5), ("1m30s", 90), ("1h0m500ms", 3600.5)])
 def test_durations_a_user_types(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "0s", "-5m", "2 hours", "15x"])
+@pytest.mark.parametrize("text", ["", "0s", "-5m", "2 hours", "15x", "1m30", "m30s"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)

@@ -1,0 +1,242 @@
+"""The probe's HTTP side: ``concurrency`` asyncio clients streaming ``/v1/completions`` from a
+vLLM server, timing every output chunk, in a background thread that can be cancelled (in-flight
+requests are closed, and vLLM aborts them). What to send and how to summarise it is
+:mod:`diagnostics.core.probe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from diagnostics.core.probe import ProbeSpec, ProbeSummary, RequestResult, prompts
+from diagnostics.sources.vllm_http import normalize_url
+
+
+class ProbeRefused(ValueError):
+    """The probe may not run: over a cap, or nothing to send."""
+
+
+class ProbeFailed(Exception):
+    """The probe could not start (the server's model list could not be read)."""
+
+
+class Probe:
+    """One probe run against one target; :meth:`start` returns at once, :meth:`wait` for the summary."""
+
+    def __init__(
+        self,
+        url: str,
+        spec: ProbeSpec,
+        api_key: str | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        problems = spec.problems()
+        if problems:
+            raise ProbeRefused("; ".join(problems))
+        self.url = normalize_url(url)
+        self.spec = spec
+        self._api_key = api_key
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._results: list[RequestResult] = []
+        self._sent = 0
+        self._cancel = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+        self.started: float | None = None
+        self.ended: float | None = None
+        self.failure: str | None = None
+        self.model: str | None = spec.model
+
+    # -- control -------------------------------------------------------------------------------
+
+    def start(self) -> Probe:
+        self._thread = threading.Thread(target=self._run, name=f"probe {self.url}", daemon=True)
+        self._thread.start()
+        return self
+
+    def cancel(self) -> None:
+        """Stop sending and close the requests in flight (what they measured so far is kept)."""
+        self._cancel.set()
+        loop, main = self._loop, self._main
+        if loop is not None and main is not None:
+            loop.call_soon_threadsafe(main.cancel)
+
+    def wait(self, timeout: float | None = None) -> ProbeSummary | None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.summary() if self.done else None
+
+    @property
+    def done(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def progress(self) -> tuple[int, int, int]:
+        """(requests sent, finished, failed) so far."""
+        with self._lock:
+            return self._sent, len(self._results), sum(1 for r in self._results if not r.ok)
+
+    def summary(self) -> ProbeSummary:
+        with self._lock:
+            results = tuple(sorted(self._results, key=lambda r: r.start))
+        started = self.started if self.started is not None else self._clock()
+        ended = self.ended if self.ended is not None else self._clock()
+        return ProbeSummary(self.spec, self.url, started, ended, results, cancelled=self.cancelled)
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._run_async())
+        except BaseException as exc:  # noqa: BLE001 - the thread reports, never dies silently
+            if self.failure is None and not isinstance(exc, asyncio.CancelledError):
+                self.failure = f"probe stopped: {type(exc).__name__}: {exc}"
+        finally:
+            if self.ended is None:
+                self.ended = self._clock()
+
+    async def _run_async(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        limits = httpx.Limits(max_connections=self.spec.concurrency + 2, max_keepalive_connections=self.spec.concurrency)
+        timeout = httpx.Timeout(self.spec.request_timeout_seconds, connect=5.0)
+        async with httpx.AsyncClient(base_url=self.url, headers=headers, limits=limits, timeout=timeout) as client:
+            if self.model is None:
+                self.model = await self._first_model(client)
+                if self.model is None:
+                    return
+            self._main = asyncio.current_task()
+            if self._cancel.is_set():
+                return
+            self.started = self._clock()
+            deadline = None if self.spec.seconds is None else time.monotonic() + self.spec.seconds
+            texts = prompts(self.spec, self.spec.requests or self.spec.concurrency * 64)
+            workers = [asyncio.create_task(self._worker(client, texts, deadline)) for _ in range(self.spec.concurrency)]
+            try:
+                await asyncio.gather(*workers)
+            except asyncio.CancelledError:
+                for w in workers:
+                    w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+            finally:
+                self.ended = self._clock()
+
+    async def _first_model(self, client: httpx.AsyncClient) -> str | None:
+        try:
+            response = await client.get("/v1/models", timeout=10.0)
+            response.raise_for_status()
+            data = response.json().get("data") or []
+            return str(data[0]["id"])
+        except httpx.HTTPStatusError as exc:
+            self.failure = f"{self.url}/v1/models answered HTTP {exc.response.status_code}: cannot tell the model"
+        except httpx.HTTPError as exc:
+            self.failure = f"cannot reach {self.url}: {type(exc).__name__}"
+        except (ValueError, KeyError, IndexError, TypeError):
+            self.failure = f"{self.url}/v1/models gave no model"
+        return None
+
+    def _next(self, deadline: float | None) -> int | None:
+        with self._lock:
+            if self._cancel.is_set():
+                return None
+            if self.spec.requests is not None and self._sent >= self.spec.requests:
+                return None
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            self._sent += 1
+            return self._sent - 1
+
+    async def _worker(self, client: httpx.AsyncClient, texts: list[list[int]], deadline: float | None) -> None:
+        while (i := self._next(deadline)) is not None:
+            result = await self._one(client, texts[i % len(texts)])
+            with self._lock:
+                self._results.append(result)
+
+    async def _one(self, client: httpx.AsyncClient, prompt: list[int]) -> RequestResult:
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": self.spec.max_tokens,
+            "ignore_eos": self.spec.ignore_eos,
+            "n": self.spec.n,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        start = self._clock()
+        first: float | None = None
+        last: dict[int, float] = {}
+        gaps: list[float] = []
+        chunks = 0
+        usage: int | None = None
+        try:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                if response.status_code >= 400:
+                    text = (await response.aread()).decode("utf-8", "replace")
+                    kind = "http_4xx" if response.status_code < 500 else "http_5xx"
+                    return RequestResult(start, self._clock(), error=kind,
+                                         detail=f"HTTP {response.status_code}: {_message(text)}")
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    now = self._clock()
+                    chunk = json.loads(payload)
+                    if chunk.get("usage"):
+                        usage = int(chunk["usage"].get("completion_tokens") or 0)
+                    for choice in chunk.get("choices") or ():
+                        if not choice.get("text"):
+                            continue  # the finish or usage chunk carries no token
+                        index = int(choice.get("index", 0))
+                        if first is None:
+                            first = now
+                        if index in last:
+                            gaps.append(now - last[index])
+                        last[index] = now
+                        chunks += 1
+        except asyncio.CancelledError:
+            return RequestResult(start, self._clock(), _rel(first, start), tuple(gaps), chunks, error="cancelled")
+        except httpx.ConnectError as exc:
+            return RequestResult(start, self._clock(), error="connect", detail=type(exc).__name__)
+        except httpx.TimeoutException as exc:
+            return RequestResult(start, self._clock(), _rel(first, start), tuple(gaps), chunks, error="timeout",
+                                 detail=type(exc).__name__)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            return RequestResult(start, self._clock(), _rel(first, start), tuple(gaps), chunks, error="disconnected",
+                                 detail=type(exc).__name__)
+        except (httpx.HTTPError, ValueError, TypeError, KeyError) as exc:
+            return RequestResult(start, self._clock(), error="bad_response", detail=type(exc).__name__)
+        end = self._clock()
+        if first is None:
+            return RequestResult(start, end, error="bad_response", detail="the stream carried no output token")
+        return RequestResult(start, end, first - start, tuple(gaps), usage if usage is not None else chunks)
+
+
+def _rel(t: float | None, start: float) -> float | None:
+    return None if t is None else t - start
+
+
+def _message(text: str) -> str:
+    try:
+        obj: Any = json.loads(text)
+        if isinstance(obj, dict):
+            inner = obj.get("error", obj)
+            msg = inner.get("message") if isinstance(inner, dict) else inner
+            return str(msg)[:200]
+    except ValueError:
+        pass
+    return text[:200]
