@@ -3,7 +3,7 @@
 Every command that takes ``--url`` also takes ``--prometheus URL [--selector S] [--instance I]
 [--since 2h]``: the same views read from the history Prometheus keeps.
 
-Exit codes: 0 ok; 2 bad usage; 3 target unreachable, timing out or answering errors; 4 not a vLLM
+Exit codes: 0 ok (``probe``: every request completed; 1 some failed); 2 bad usage or a probe over its caps; 3 target unreachable, timing out or answering errors; 4 not a vLLM
 server; 5 unreadable recording, log or output file. ``diagnose`` follows the monitoring-plugin
 convention instead (so cron, pipelines and Nagios-style checks can act on it): 0 nothing above info,
 1 a warning, 2 a critical finding, 3 unknown (bad usage, target unreachable or not vLLM,
@@ -487,11 +487,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise CliError(probe.failure, EXIT_TARGET)
     summary = with_server(probe.summary(), collector.history())
     obj = summary.to_json()
+    obj["failure"] = probe.failure
     if args.json:
         print(json.dumps(obj, indent=1))
     else:
         print(render_probe(obj))
-    return 0
+    return 1 if obj["errors"] else 0
 
 
 MAX_PROBE_RETENTION = 700.0
@@ -520,6 +521,8 @@ def render_probe(obj: dict[str, Any]) -> str:
                      f"{_fmt(server['generation_tokens'], digits=0)} tokens generated over the same window")
     for kind, detail in obj.get("error_details", {}).items():
         lines.append(f"first {kind:8} {detail}")
+    if obj.get("failure"):
+        lines.append(f"stopped       {obj['failure']}")
     for d in disagreements(obj):
         lines.append(f"note          {d.text}")
     return "\n".join(lines)

@@ -18,6 +18,8 @@ import httpx
 from diagnostics.core.probe import ProbeSpec, ProbeSummary, RequestResult, prompts
 from diagnostics.sources.vllm_http import normalize_url
 
+STOP_AFTER_REFUSED = 5
+
 
 class ProbeRefused(ValueError):
     """The probe may not run: over a cap, or nothing to send."""
@@ -48,6 +50,7 @@ class Probe:
         self._lock = threading.Lock()
         self._results: list[RequestResult] = []
         self._sent = 0
+        self._refused = 0  # connection failures in a row
         self._cancel = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main: asyncio.Task[None] | None = None
@@ -164,6 +167,11 @@ class Probe:
             result = await self._one(client, texts[i % len(texts)])
             with self._lock:
                 self._results.append(result)
+                self._refused = self._refused + 1 if result.error == "connect" else 0
+                if self._refused >= max(STOP_AFTER_REFUSED, self.spec.concurrency) and not self._cancel.is_set():
+                    # The server is gone: stop sending rather than count a thousand refusals.
+                    self.failure = f"stopped: {self._refused} connections in a row refused by {self.url}"
+                    self._cancel.set()
 
     async def _one(self, client: httpx.AsyncClient, prompt: list[int]) -> RequestResult:
         body = {

@@ -1,0 +1,152 @@
+"""The Probe page's pieces: the running probe and past results in the session, the latency table
+(client beside server), the distributions and the engine's charts over the probe's window."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.core import figures
+from diagnostics.core.derive import Scrape
+from diagnostics.core.probe import ProbeSpec, with_server
+from diagnostics.core.text import fmt_seconds_as_ms
+from diagnostics.sources.probe_http import Probe
+
+RUNNING = "probe_running"
+RESULTS = "probe_results"  # result dicts (to_json), oldest first; the samples beside them
+SAMPLES = "probe_samples"
+KEEP = 10
+
+
+def running() -> Probe | None:
+    probe = st.session_state.get(RUNNING)
+    return probe if isinstance(probe, Probe) else None
+
+
+def results() -> list[dict[str, Any]]:
+    return list(st.session_state.get(RESULTS, []))
+
+
+def start(url: str, spec: ProbeSpec, api_key: str | None, source: Any) -> Probe:
+    """Start a probe (the target's collector is already scraping: ``source``)."""
+    source.history()  # the collector runs from before the first request
+    probe = Probe(url, spec, api_key).start()
+    st.session_state[RUNNING] = probe
+    return probe
+
+
+def finish(source: Any) -> None:
+    """A probe that ended: its summary, with the server's side, joins the session's results. The
+    last scrape after the probe may be a moment away; the window ends at the newest one there is."""
+    probe = running()
+    if probe is None:
+        return
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and not _scraped_after(source.history(), probe.ended or 0):
+        time.sleep(0.25)
+    summary = with_server(probe.summary(), source.history())
+    obj = summary.to_json()
+    obj["failure"] = probe.failure
+    samples = {
+        "ttft": [r.ttft for r in summary.ok if r.ttft is not None],
+        "itl": [g for r in summary.ok for g in r.gaps],
+        "e2e": [r.end - r.start for r in summary.ok],
+    }
+    st.session_state[RESULTS] = (results() + [obj])[-KEEP:]
+    st.session_state[SAMPLES] = (list(st.session_state.get(SAMPLES, [])) + [samples])[-KEEP:]
+    del st.session_state[RUNNING]
+
+
+def _scraped_after(history: Sequence[Scrape], ts: float) -> bool:
+    return any(s.ts >= ts and s.snapshot is not None for s in history[-5:])
+
+
+def label(result: dict[str, Any], i: int) -> str:
+    spec = result["spec"]
+    # Stable across reruns (a selectbox's options must not change under it): the clock time only.
+    clock = datetime.fromtimestamp(result["started"]).strftime("%H:%M:%S")
+    return f"#{i + 1} · {clock} · {spec['concurrency']} clients × {result['requests']} requests"
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else fmt_seconds_as_ms(value)
+
+
+def _server(bucket: dict[str, Any] | None) -> str:
+    if not bucket:
+        return "—"
+    if bucket["bound"] == "below":
+        return f"< {_ms(bucket['upper'])}"
+    if bucket["bound"] == "above":
+        return f"> {_ms(bucket['lower'])}"
+    return f"{_ms(bucket['value'])} ({_ms(bucket['lower'])}–{_ms(bucket['upper'])})"
+
+
+def latency_table(result: dict[str, Any]) -> pd.DataFrame:
+    """Client-side percentiles beside the server histograms' (with their bucket)."""
+    rows = []
+    server = result.get("server", {})
+    for key, name in (("ttft_seconds", "TTFT"), ("itl_seconds", "ITL"), ("e2e_seconds", "e2e")):
+        for p in ("p50", "p95", "p99"):
+            srv = server.get(key, {}) if isinstance(server.get(key), dict) else {}
+            rows.append({"metric": f"{name} {p}", "clients": _ms(result[key][p]), "server": _server(srv.get(p))})
+    return pd.DataFrame(rows)
+
+
+def distributions(result: dict[str, Any]) -> None:
+    samples_list = st.session_state.get(SAMPLES, [])
+    if not samples_list:
+        return
+    samples = samples_list[-1]
+    cols = st.columns(3)
+    for col, (key, title) in zip(cols, (("ttft", "Time to first token"), ("itl", "Inter-token gaps"),
+                                         ("e2e", "End-to-end latency")), strict=True):
+        fig = figures.distribution_figure(f"{title} (clients)", {title: samples[key]})
+        with col:
+            if fig is None:
+                st.caption(f"{title}: no samples.")
+            else:
+                st.plotly_chart(fig, use_container_width=True, key=f"probe-dist-{key}")
+
+
+def charts_over(source: Any, start: float, end: float | None, key: str) -> None:
+    """KV usage, queue depth and throughput from 30 s before the probe to 15 s after it, the probe's
+    run shaded."""
+    history = source.history()
+    stop = (end or time.time()) + 15
+    window = [s for s in history if start - 30 <= s.ts <= stop]
+    builders = (
+        ("kv", lambda: figures.kv_usage_figure(window, _config(window))),
+        ("queue", lambda: figures.queue_figure(window, None)),
+        ("throughput", lambda: figures.throughput_figure(window)),
+    )
+    cols = st.columns(3)
+    for col, (name, build) in zip(cols, builders, strict=True):
+        fig = build()
+        with col:
+            if fig is None:
+                st.caption("no data yet")
+                continue
+            figures.mark_span(fig, start, end or time.time(), "probe")
+            st.plotly_chart(fig, use_container_width=True, key=f"probe-{key}-{name}")
+
+
+def _config(window: Sequence[Scrape]) -> Any:
+    last = next((s.snapshot for s in reversed(window) if s.snapshot is not None), None)
+    return None if last is None else last.cache_config
+
+
+def comparison_frame(rows: list[tuple[str, float | None, float | None, str]]) -> pd.DataFrame:
+    def show(name: str, v: float | None) -> str:
+        if v is None:
+            return "—"
+        return _ms(v) if name.endswith("(s)") else f"{v:.2f}"
+
+    return pd.DataFrame(
+        [{"metric": n.replace(" (s)", ""), "before": show(n, a), "after": show(n, b), "change": c} for n, a, b, c in rows]
+    )

@@ -1,0 +1,74 @@
+"""The Probe page in a real browser: against the real vllm serve and against the simulated engine,
+the confirmation gates the load, the run is drawn over the engine's charts, the results carry the
+server's side, and two runs compare before / after."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.e2e.streamlit_app import streamlit_app
+from tests.e2e.test_browser import metric_value, shoot
+from tests.integration.vllm_server import VllmServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def app_on_real(vllm_main: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    env = {**os.environ, "VLLM_URL": vllm_main.url}
+    env.pop("VLLM_API_KEY", None)
+    with streamlit_app(env, tmp_path_factory.mktemp("probe") / "streamlit.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def app_on_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    env = dict(os.environ)
+    env.pop("VLLM_URL", None)
+    with streamlit_app(env, tmp_path_factory.mktemp("probe-sim") / "streamlit.log") as url:
+        yield url
+
+
+def run_probe(page: Page) -> None:
+    start = page.get_by_role("button", name="Start probe")
+    expect(start).to_be_visible(timeout=30_000)
+    page.get_by_text("I mean to add this load", exact=False).first.click()
+    start.click()
+
+
+def test_a_probe_on_the_real_server_over_the_live_charts(page: Page, app_on_real: str) -> None:
+    page.goto(app_on_real + "/Probe")
+    expect(page.get_by_text("I mean to add this load: 8 concurrent clients sending 32 requests").first).to_be_visible(
+        timeout=30_000)
+    # Without the tick, nothing is sent.
+    page.get_by_role("button", name="Start probe").click()
+    expect(page.get_by_text("Tick the box that names the load first").first).to_be_visible()
+    run_probe(page)
+    expect(page.get_by_text("Last probe").first).to_be_visible(timeout=120_000)
+    assert metric_value(page, "Completed") == "32 / 32"
+    assert metric_value(page, "Errors") == "0"
+    expect(page.get_by_text("TTFT p50").first).to_be_visible()
+    expect(page.locator(".js-plotly-plot")).to_have_count(6, timeout=30_000)  # 3 distributions, 3 engine charts
+    expect(page.locator("text=probe").first).to_be_visible()
+    page.wait_for_timeout(1500)
+    shoot(page, "probe-real.png")
+
+    run_probe(page)  # a second run: before / after
+    expect(page.get_by_text("Before / after").first).to_be_visible(timeout=120_000)
+    expect(page.locator('[role="gridcell"]').filter(has_text=re.compile(r"^output tok/s$"))).to_have_count(1)
+    changes = page.locator('[role="gridcell"]').filter(has_text=re.compile(r"^[+-]\d+ %|^—$"))
+    assert changes.count() >= 5  # a change for every metric both runs measured
+    shoot(page, "probe-before-after.png")
+
+
+def test_a_probe_on_the_simulated_engine(page: Page, app_on_sim: str) -> None:
+    page.goto(app_on_sim + "/Probe")
+    run_probe(page)
+    expect(page.get_by_text("Last probe").first).to_be_visible(timeout=120_000)
+    assert metric_value(page, "Completed") == "32 / 32"
+    shoot(page, "probe-simulated.png")

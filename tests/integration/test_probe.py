@@ -1,0 +1,121 @@
+"""The verify-under-load probe against the real vllm serve: what the clients counted matches the
+server's own counters; an unreachable server, a wrong model name, a server killed mid-probe and a
+cancel each end with what was measured kept and the errors counted by kind; the caps refuse an
+over-large probe."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diagnostics.collector import Collector
+from diagnostics.core.probe import MAX_CONCURRENCY, ProbeSpec, with_server
+from diagnostics.sources.probe_http import Probe, ProbeRefused
+from diagnostics.sources.vllm_http import VllmClient
+from tests.integration.vllm_server import VllmServer, free_port
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "diagnostics", "probe", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+
+def test_thirty_concurrent_requests_match_the_servers_counters(vllm_main: VllmServer) -> None:
+    out = cli("--url", vllm_main.url, "--concurrency", "30", "--requests", "30", "--prompt-tokens", "64",
+              "--max-tokens", "32", "--json", "--yes")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["requests"] == result["completed"] == 30 and result["errors"] == 0
+    assert result["output_tokens"] == 30 * 32  # ignore_eos: exactly max_tokens each, as the server counted
+    server = result["server"]
+    assert server["requests_finished"] == 30
+    assert server["generation_tokens"] == 30 * 32
+    for key in ("ttft_seconds", "itl_seconds", "e2e_seconds"):
+        p = result[key]
+        assert 0 < p["p50"] <= p["p95"] <= p["p99"]
+    # The clients' e2e can only be longer than their TTFT; their rates follow from counts and time.
+    assert result["e2e_seconds"]["p50"] > result["ttft_seconds"]["p50"]
+    assert result["output_tokens_per_second"] == pytest.approx(960 / result["duration_seconds"])
+    assert set(result) >= {"requests", "errors", "duration_seconds", "output_tokens_per_second",
+                           "requests_per_second", "ttft_seconds", "itl_seconds", "e2e_seconds"}
+
+
+def test_an_unreachable_server_is_one_clear_line() -> None:
+    out = cli("--url", f"http://127.0.0.1:{free_port()}", "--concurrency", "2", "--requests", "2", "--yes")
+    assert out.returncode == 3
+    assert "cannot reach" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_wrong_model_name_counts_404s_with_the_servers_words(vllm_main: VllmServer) -> None:
+    out = cli("--url", vllm_main.url, "--concurrency", "2", "--requests", "4", "--model", "no-such-model",
+              "--json", "--yes")
+    assert out.returncode == 1, out.stderr  # the probe ran; every request failed
+    result = json.loads(out.stdout)
+    assert result["completed"] == 0 and result["errors_by_kind"] == {"http_4xx": 4}
+    assert "HTTP 404" in result["error_details"]["http_4xx"] and "no-such-model" in result["error_details"]["http_4xx"]
+
+
+def test_caps_refuse_an_over_large_probe(vllm_main: VllmServer) -> None:
+    out = cli("--url", vllm_main.url, "--concurrency", str(MAX_CONCURRENCY + 1), "--requests", "10", "--yes")
+    assert out.returncode == 2 and f"concurrency must be 1…{MAX_CONCURRENCY}" in out.stderr
+    with pytest.raises(ProbeRefused, match="requests must be"):
+        Probe(vllm_main.url, ProbeSpec(requests=100_000))
+    without_yes = cli("--url", vllm_main.url, "--concurrency", "4", "--requests", "4")
+    assert without_yes.returncode == 2 and "Add --yes" in without_yes.stderr
+    assert "4 concurrent clients sending 4 requests" in without_yes.stderr
+
+
+def test_a_cancel_stops_the_requests_in_flight(vllm_main: VllmServer) -> None:
+    collector = Collector(VllmClient(vllm_main.url), interval_seconds=0.5).start()
+    try:
+        probe = Probe(vllm_main.url, ProbeSpec(concurrency=8, requests=400, max_tokens=400)).start()
+        deadline = time.monotonic() + 60
+        while probe.progress()[1] < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        probe.cancel()
+        summary = probe.wait(20)
+        assert summary is not None and summary.cancelled
+        kinds = summary.errors_by_kind()
+        assert kinds.get("cancelled", 0) >= 1 and len(summary.ok) >= 2
+        assert len(summary.results) < 400
+        # vLLM aborts what the clients closed: nothing left running shortly after.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            last = collector.history()[-1].snapshot
+            if last is not None and last.value("num_requests_running") == 0:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("requests still running on the server 15 s after the cancel")
+    finally:
+        collector.stop()
+
+
+def test_a_server_killed_mid_probe_keeps_what_was_measured(vllm_tiny: VllmServer) -> None:
+    collector = Collector(VllmClient(vllm_tiny.url), interval_seconds=0.5).start()
+    probe = Probe(vllm_tiny.url, ProbeSpec(concurrency=6, requests=200, max_tokens=150)).start()
+    try:
+        deadline = time.monotonic() + 90
+        while probe.progress()[1] < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert probe.progress()[1] >= 3, "the probe never got going"
+        vllm_tiny.kill9()
+        summary = probe.wait(60)
+        assert summary is not None and probe.done
+        kinds = summary.errors_by_kind()
+        assert len(summary.ok) >= 3
+        assert kinds.get("disconnected", 0) + kinds.get("connect", 0) >= 6, kinds
+        assert set(kinds) <= {"disconnected", "connect"}, kinds
+        obj = with_server(summary, collector.history()).to_json()
+        assert obj["completed"] == len(summary.ok) and obj["errors"] == sum(kinds.values())
+    finally:
+        collector.stop()
+        vllm_tiny.start().wait_ready()
