@@ -2,6 +2,11 @@
 vLLM server, timing every output chunk, in a background thread that can be cancelled (in-flight
 requests are closed, and vLLM aborts them). What to send and how to summarise it is
 :mod:`diagnostics.core.probe`.
+
+The transport is aiohttp, as `vllm bench serve` uses, not httpx as the rest of the package: on a
+small machine the load generator shares the CPU with the server it measures, and httpx's pure-Python
+HTTP parsing took 2.5× the client CPU per streamed token, which slowed the server by a quarter
+(bench/probe_vs_bench_serve.py).
 """
 
 from __future__ import annotations
@@ -10,10 +15,10 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 
 from diagnostics.core.probe import ProbeSpec, ProbeSummary, RequestResult, prompts
 from diagnostics.sources.vllm_http import normalize_url
@@ -114,9 +119,9 @@ class Probe:
     async def _run_async(self) -> None:
         self._loop = asyncio.get_running_loop()
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        limits = httpx.Limits(max_connections=self.spec.concurrency + 2, max_keepalive_connections=self.spec.concurrency)
-        timeout = httpx.Timeout(self.spec.request_timeout_seconds, connect=5.0)
-        async with httpx.AsyncClient(base_url=self.url, headers=headers, limits=limits, timeout=timeout) as client:
+        connector = aiohttp.TCPConnector(limit=self.spec.concurrency + 2)
+        timeout = aiohttp.ClientTimeout(total=self.spec.request_timeout_seconds, sock_connect=5.0)
+        async with aiohttp.ClientSession(self.url, headers=headers, connector=connector, timeout=timeout) as client:
             if self.model is None:
                 self.model = await self._first_model(client)
                 if self.model is None:
@@ -137,17 +142,17 @@ class Probe:
             finally:
                 self.ended = self._clock()
 
-    async def _first_model(self, client: httpx.AsyncClient) -> str | None:
+    async def _first_model(self, client: aiohttp.ClientSession) -> str | None:
         try:
-            response = await client.get("/v1/models", timeout=10.0)
-            response.raise_for_status()
-            data = response.json().get("data") or []
-            return str(data[0]["id"])
-        except httpx.HTTPStatusError as exc:
-            self.failure = f"{self.url}/v1/models answered HTTP {exc.response.status_code}: cannot tell the model"
-        except httpx.HTTPError as exc:
+            async with client.get("/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)) as response:
+                if response.status >= 400:
+                    self.failure = f"{self.url}/v1/models answered HTTP {response.status}: cannot tell the model"
+                    return None
+                data = (await response.json(content_type=None)).get("data") or []
+                return str(data[0]["id"])
+        except (TimeoutError, aiohttp.ClientError) as exc:
             self.failure = f"cannot reach {self.url}: {type(exc).__name__}"
-        except (ValueError, KeyError, IndexError, TypeError):
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             self.failure = f"{self.url}/v1/models gave no model"
         return None
 
@@ -162,7 +167,7 @@ class Probe:
             self._sent += 1
             return self._sent - 1
 
-    async def _worker(self, client: httpx.AsyncClient, texts: list[list[int]], deadline: float | None) -> None:
+    async def _worker(self, client: aiohttp.ClientSession, texts: list[list[int]], deadline: float | None) -> None:
         while (i := self._next(deadline)) is not None:
             result = await self._one(client, texts[i % len(texts)])
             with self._lock:
@@ -173,7 +178,7 @@ class Probe:
                     self.failure = f"stopped: {self._refused} connections in a row refused by {self.url}"
                     self._cancel.set()
 
-    async def _one(self, client: httpx.AsyncClient, prompt: list[int]) -> RequestResult:
+    async def _one(self, client: aiohttp.ClientSession, prompt: list[int]) -> RequestResult:
         body = {
             "model": self.model,
             "prompt": prompt,
@@ -190,25 +195,22 @@ class Probe:
         chunks = 0
         usage: int | None = None
         try:
-            async with client.stream("POST", "/v1/completions", json=body) as response:
-                if response.status_code >= 400:
-                    text = (await response.aread()).decode("utf-8", "replace")
-                    kind = "http_4xx" if response.status_code < 500 else "http_5xx"
+            async with client.post("/v1/completions", json=body) as response:
+                if response.status >= 400:
+                    text = (await response.read()).decode("utf-8", "replace")
+                    kind = "http_4xx" if response.status < 500 else "http_5xx"
                     return RequestResult(start, self._clock(), error=kind,
-                                         detail=f"HTTP {response.status_code}: {_message(text)}")
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
+                                         detail=f"HTTP {response.status}: {_message(text)}")
+                async for line in _sse_data(response):
+                    if line == b"[DONE]":
                         break
                     now = self._clock()
-                    chunk = json.loads(payload)
+                    chunk = json.loads(line)
                     if chunk.get("usage"):
                         usage = int(chunk["usage"].get("completion_tokens") or 0)
                     for choice in chunk.get("choices") or ():
-                        if not choice.get("text"):
-                            continue  # the finish or usage chunk carries no token
+                        # Every chunk with a choice is a token, its text empty or not (a special
+                        # token, or bytes that do not decode alone): as `vllm bench serve` counts.
                         index = int(choice.get("index", 0))
                         if first is None:
                             first = now
@@ -218,20 +220,33 @@ class Probe:
                         chunks += 1
         except asyncio.CancelledError:
             return RequestResult(start, self._clock(), _rel(first, start), tuple(gaps), chunks, error="cancelled")
-        except httpx.ConnectError as exc:
+        except aiohttp.ClientConnectorError as exc:
             return RequestResult(start, self._clock(), error="connect", detail=type(exc).__name__)
-        except httpx.TimeoutException as exc:
+        except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one too
             return RequestResult(start, self._clock(), _rel(first, start), tuple(gaps), chunks, error="timeout",
                                  detail=type(exc).__name__)
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
             return RequestResult(start, self._clock(), _rel(first, start), tuple(gaps), chunks, error="disconnected",
                                  detail=type(exc).__name__)
-        except (httpx.HTTPError, ValueError, TypeError, KeyError) as exc:
+        except (aiohttp.ClientError, ValueError, TypeError, KeyError) as exc:
             return RequestResult(start, self._clock(), error="bad_response", detail=type(exc).__name__)
         end = self._clock()
         if first is None:
             return RequestResult(start, end, error="bad_response", detail="the stream carried no output token")
         return RequestResult(start, end, first - start, tuple(gaps), usage if usage is not None else chunks)
+
+
+async def _sse_data(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The ``data:`` payloads of a server-sent event stream, as they arrive (raw bytes, split here)."""
+    pending = b""
+    async for block in response.content.iter_any():
+        pending += block
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+    if pending.startswith(b"data:"):
+        yield pending[5:].strip()
 
 
 def _rel(t: float | None, start: float) -> float | None:
