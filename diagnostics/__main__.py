@@ -443,7 +443,7 @@ def _fmt_s(value: float | None) -> str:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from diagnostics.core.probe import ProbeSpec, with_server
+    from diagnostics.core.probe import SETTLE_SECONDS, ProbeSpec, with_server
     from diagnostics.sources.probe_http import Probe, ProbeRefused
 
     spec = ProbeSpec(
@@ -480,7 +480,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             probe.cancel()
             probe.wait(30)
-        time.sleep(0.6)  # and a scrape after the last answer
+        # And a scrape sent after the last answer (stamped SETTLE_SECONDS later), up to 5 s.
+        wait_until = time.monotonic() + 5
+        while time.monotonic() < wait_until and not any(
+            s.ts >= (probe.ended or 0) + SETTLE_SECONDS and s.snapshot is not None for s in collector.history()[-4:]
+        ):
+            time.sleep(0.1)
     finally:
         collector.stop()
     if probe.failure and not probe.summary().results:
@@ -495,7 +500,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 1 if obj["errors"] else 0
 
 
-MAX_PROBE_RETENTION = 700.0
+MAX_PROBE_RETENTION = 900.0  # the longest probe (600 s) and its last requests' timeout, with the scrape before
 
 
 def render_probe(obj: dict[str, Any]) -> str:

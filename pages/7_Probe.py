@@ -23,6 +23,10 @@ if target.prometheus is not None:
             "Pick the server by URL in the sidebar.")
     st.stop()
 
+def _digest(spec: ProbeSpec, where: str) -> str:
+    return hashlib.sha256(json.dumps([spec.to_json(), where], sort_keys=True).encode()).hexdigest()[:12]
+
+
 running = probe_view.running()
 with st.container(border=True):
     c1, c2, c3, c4 = st.columns(4)
@@ -46,12 +50,13 @@ with st.container(border=True):
         prompt_tokens=int(prompt_tokens), max_tokens=int(max_tokens), shared_prefix_tokens=int(shared), n=int(n),
         ignore_eos=ignore_eos,
     )
-    load = spec.describe(target.label)
+    where = target.url if target.label == target.url else f"{target.label} ({target.url})"
+    load = spec.describe(where)
     # The tick belongs to this very load and this one run: change a number, or run once, and it
     # has to be given again.
     run_no = len(probe_view.results()) + (running is not None)
     confirm = st.checkbox(f"I mean to add this load: {md_escape(load)}",
-                          key=f"probe_confirm_{hashlib.sha256(load.encode()).hexdigest()[:12]}_{run_no}")
+                          key=f"probe_confirm_{_digest(spec, where)}_{run_no}")
     go = st.button("Start probe", type="primary", disabled=running is not None)
 
 if go:

@@ -24,7 +24,9 @@ MAX_PROMPT_TOKENS = 32768
 MAX_OUTPUT_TOKENS = 4096
 MAX_N = 16
 
-ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "disconnected", "bad_response", "cancelled")
+ERROR_KINDS = (
+    "connect", "timeout", "http_4xx", "http_5xx", "stream_error", "disconnected", "bad_response", "cancelled",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,24 +74,33 @@ class ProbeSpec:
             else f"requests for {self.seconds:g} s" if self.requests is None
             else f"up to {self.requests} requests within {self.seconds:g} s"
         )
-        n = f", n = {self.n}" if self.n > 1 else ""
+        extra = "".join((
+            f", n = {self.n}" if self.n > 1 else "",
+            f", {self.shared_prefix_tokens} of them shared" if self.shared_prefix_tokens else "",
+            "" if self.ignore_eos else ", stopping at EOS",
+        ))
         return (
             f"{self.concurrency} concurrent clients sending {amount} to {target}: prompts of "
-            f"{self.prompt_tokens} tokens, up to {self.max_tokens} output tokens each{n}"
+            f"{self.prompt_tokens} tokens{extra}, up to {self.max_tokens} output tokens each"
         )
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def prompts(spec: ProbeSpec, count: int, vocab: int = 2000) -> list[list[int]]:
-    """``count`` prompts as token ids (exact lengths, whatever the tokenizer), reproducible from the
-    seed; the first ``shared_prefix_tokens`` are the same in every prompt. Ids start at 10 to stay
+def prompt_at(spec: ProbeSpec, i: int, vocab: int = 2000) -> list[int]:
+    """The ``i``-th prompt as token ids (exact lengths, whatever the tokenizer), reproducible from
+    the seed and different for every ``i`` (no accidental prefix-cache hits however long a probe
+    runs); the first ``shared_prefix_tokens`` are the same in every prompt. Ids start at 10 to stay
     clear of special tokens."""
-    rng = random.Random(spec.seed)
-    prefix = [rng.randrange(10, vocab) for _ in range(spec.shared_prefix_tokens)]
-    rest = spec.prompt_tokens - spec.shared_prefix_tokens
-    return [prefix + [rng.randrange(10, vocab) for _ in range(rest)] for _ in range(count)]
+    prefix_rng = random.Random(f"{spec.seed}:prefix")
+    prefix = [prefix_rng.randrange(10, vocab) for _ in range(spec.shared_prefix_tokens)]
+    rng = random.Random(f"{spec.seed}:{i}")
+    return prefix + [rng.randrange(10, vocab) for _ in range(spec.prompt_tokens - spec.shared_prefix_tokens)]
+
+
+def prompts(spec: ProbeSpec, count: int) -> list[list[int]]:
+    return [prompt_at(spec, i) for i in range(count)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,13 +192,18 @@ class ProbeSummary:
         }
 
 
+SETTLE_SECONDS = 0.25
+"""A scrape is stamped when its answer arrives: one stamped this long after the probe ended was
+sent after it too (an idle server answers /metrics in a few tens of milliseconds)."""
+
+
 def with_server(summary: ProbeSummary, history: Sequence[Scrape]) -> ProbeSummary:
     """The summary with what the server's own metrics said over the probe's window (the scrapes
     from just before it started to just after it ended): requests finished, tokens generated and
     its TTFT / ITL / e2e percentiles, each with the bucket it falls in."""
     window = [s for s in history if s.snapshot is not None]
     before = [s for s in window if s.ts <= summary.started]
-    after = [s for s in window if s.ts >= summary.ended]
+    after = [s for s in window if s.ts >= summary.ended + SETTLE_SECONDS]
     if not before or not after:
         return replace(summary, server={"note": "no scrape brackets the probe: the server side is unknown"})
     span = [before[-1], *[s for s in window if summary.started < s.ts < summary.ended], after[0]]
@@ -261,8 +277,10 @@ def comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tupl
     rows: list[tuple[str, float | None, float | None, str]] = []
 
     def add(name: str, a: float | None, b: float | None, better: str) -> None:
-        if a is None or b is None or a == 0:
+        if a is None or b is None or a == b == 0:
             change = "—"
+        elif a == 0:
+            change = f"from 0 to {b:g}" + (" (worse)" if better == "lower" else " (better)")
         else:
             pct = (b - a) / a * 100
             good = (pct < 0) == (better == "lower")

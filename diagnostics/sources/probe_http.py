@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from diagnostics.core.probe import ProbeSpec, ProbeSummary, RequestResult, prompts
+from diagnostics.core.probe import MAX_SECONDS, ProbeSpec, ProbeSummary, RequestResult, prompt_at
 from diagnostics.sources.vllm_http import normalize_url
 
 STOP_AFTER_REFUSED = 5
@@ -76,8 +76,11 @@ class Probe:
         """Stop sending and close the requests in flight (what they measured so far is kept)."""
         self._cancel.set()
         loop, main = self._loop, self._main
-        if loop is not None and main is not None:
-            loop.call_soon_threadsafe(main.cancel)
+        if loop is not None and main is not None and not self.done:
+            try:
+                loop.call_soon_threadsafe(main.cancel)
+            except RuntimeError:
+                pass  # the run ended (its loop closed) between the check and the call
 
     def wait(self, timeout: float | None = None) -> ProbeSummary | None:
         if self._thread is not None:
@@ -130,9 +133,9 @@ class Probe:
             if self._cancel.is_set():
                 return
             self.started = self._clock()
-            deadline = None if self.spec.seconds is None else time.monotonic() + self.spec.seconds
-            texts = prompts(self.spec, self.spec.requests or self.spec.concurrency * 64)
-            workers = [asyncio.create_task(self._worker(client, texts, deadline)) for _ in range(self.spec.concurrency)]
+            # However many requests were asked for, nothing is sent after the duration cap.
+            deadline = time.monotonic() + min(self.spec.seconds or MAX_SECONDS, MAX_SECONDS)
+            workers = [asyncio.create_task(self._worker(client, deadline)) for _ in range(self.spec.concurrency)]
             try:
                 await asyncio.gather(*workers)
             except asyncio.CancelledError:
@@ -156,20 +159,20 @@ class Probe:
             self.failure = f"{self.url}/v1/models gave no model"
         return None
 
-    def _next(self, deadline: float | None) -> int | None:
+    def _next(self, deadline: float) -> int | None:
         with self._lock:
             if self._cancel.is_set():
                 return None
             if self.spec.requests is not None and self._sent >= self.spec.requests:
                 return None
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 return None
             self._sent += 1
             return self._sent - 1
 
-    async def _worker(self, client: aiohttp.ClientSession, texts: list[list[int]], deadline: float | None) -> None:
+    async def _worker(self, client: aiohttp.ClientSession, deadline: float) -> None:
         while (i := self._next(deadline)) is not None:
-            result = await self._one(client, texts[i % len(texts)])
+            result = await self._one(client, prompt_at(self.spec, i))
             with self._lock:
                 self._results.append(result)
                 self._refused = self._refused + 1 if result.error == "connect" else 0
@@ -194,6 +197,7 @@ class Probe:
         gaps: list[float] = []
         chunks = 0
         usage: int | None = None
+        done = False
         try:
             async with client.post("/v1/completions", json=body) as response:
                 if response.status >= 400:
@@ -203,9 +207,13 @@ class Probe:
                                          detail=f"HTTP {response.status}: {_message(text)}")
                 async for line in _sse_data(response):
                     if line == b"[DONE]":
+                        done = True
                         break
                     now = self._clock()
                     chunk = json.loads(line)
+                    if "error" in chunk:  # vLLM reports a failure after the 200 inside the stream
+                        return RequestResult(start, now, _rel(first, start), tuple(gaps), chunks, error="stream_error",
+                                             detail=_message(json.dumps(chunk)))
                     if chunk.get("usage"):
                         usage = int(chunk["usage"].get("completion_tokens") or 0)
                     for choice in chunk.get("choices") or ():
@@ -225,12 +233,15 @@ class Probe:
         except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one too
             return RequestResult(start, self._clock(), _rel(first, start), tuple(gaps), chunks, error="timeout",
                                  detail=type(exc).__name__)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
             return RequestResult(start, self._clock(), _rel(first, start), tuple(gaps), chunks, error="disconnected",
                                  detail=type(exc).__name__)
         except (aiohttp.ClientError, ValueError, TypeError, KeyError) as exc:
             return RequestResult(start, self._clock(), error="bad_response", detail=type(exc).__name__)
         end = self._clock()
+        if not done:
+            return RequestResult(start, end, _rel(first, start), tuple(gaps), chunks, error="disconnected",
+                                 detail="the stream ended without [DONE]")
         if first is None:
             return RequestResult(start, end, error="bad_response", detail="the stream carried no output token")
         return RequestResult(start, end, first - start, tuple(gaps), usage if usage is not None else chunks)

@@ -13,13 +13,14 @@ import streamlit as st
 
 from diagnostics.core import figures
 from diagnostics.core.derive import Scrape
-from diagnostics.core.probe import ProbeSpec, with_server
+from diagnostics.core.probe import SETTLE_SECONDS, ProbeSpec, with_server
 from diagnostics.core.text import fmt_seconds_as_ms
 from diagnostics.sources.probe_http import Probe
 
 RUNNING = "probe_running"
 RESULTS = "probe_results"  # result dicts (to_json), oldest first; the samples beside them
 SAMPLES = "probe_samples"
+RUN_COUNTER = "probe_run_counter"  # runs are numbered for the session: #3 stays #3 when #1 is dropped
 KEEP = 10
 
 
@@ -47,11 +48,12 @@ def finish(source: Any) -> None:
     if probe is None:
         return
     deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and not _scraped_after(source.history(), probe.ended or 0):
+    while time.monotonic() < deadline and not _scraped_after(source.history(), (probe.ended or 0) + SETTLE_SECONDS):
         time.sleep(0.25)
     summary = with_server(probe.summary(), source.history())
     obj = summary.to_json()
     obj["failure"] = probe.failure
+    obj["run"] = st.session_state[RUN_COUNTER] = int(st.session_state.get(RUN_COUNTER, 0)) + 1
     samples = {
         "ttft": [r.ttft for r in summary.ok if r.ttft is not None],
         "itl": [g for r in summary.ok for g in r.gaps],
@@ -70,7 +72,7 @@ def label(result: dict[str, Any], i: int) -> str:
     spec = result["spec"]
     # Stable across reruns (a selectbox's options must not change under it): the clock time only.
     clock = datetime.fromtimestamp(result["started"]).strftime("%H:%M:%S")
-    return f"#{i + 1} · {clock} · {spec['concurrency']} clients × {result['requests']} requests"
+    return f"#{result.get('run', i + 1)} · {clock} · {spec['concurrency']} clients × {result['requests']} requests"
 
 
 def _ms(value: float | None) -> str:

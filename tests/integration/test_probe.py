@@ -48,10 +48,29 @@ def test_thirty_concurrent_requests_match_the_servers_counters(vllm_main: VllmSe
                            "requests_per_second", "ttft_seconds", "itl_seconds", "e2e_seconds"}
 
 
+def test_the_clients_count_every_token_themselves(vllm_main: VllmServer) -> None:
+    summary = Probe(vllm_main.url, ProbeSpec(concurrency=4, requests=8, prompt_tokens=32, max_tokens=16)).start().wait(120)
+    assert summary is not None and len(summary.ok) == 8
+    for r in summary.ok:
+        # 16 tokens: a first chunk and 15 gaps, counted by the client, and the server's usage agrees.
+        assert len(r.gaps) == 15 and r.output_tokens == 16 and r.ttft is not None and r.ttft < r.end - r.start
+
+
 def test_an_unreachable_server_is_one_clear_line() -> None:
-    out = cli("--url", f"http://127.0.0.1:{free_port()}", "--concurrency", "2", "--requests", "2", "--yes")
+    dead = f"http://127.0.0.1:{free_port()}"
+    out = cli("--url", dead, "--concurrency", "2", "--requests", "2", "--yes")
     assert out.returncode == 3
     assert "cannot reach" in out.stderr and "Traceback" not in out.stderr
+    # The probe on its own: it cannot read the model, says so and sends nothing.
+    probe = Probe(dead, ProbeSpec(concurrency=2, requests=2)).start()
+    summary = probe.wait(30)
+    assert summary is not None and summary.results == () and probe.failure is not None
+    assert probe.failure.startswith(f"cannot reach {dead}")
+    # With the model named, it tries, and stops once connections keep being refused.
+    probe = Probe(dead, ProbeSpec(concurrency=3, requests=500, model="tiny")).start()
+    summary = probe.wait(60)
+    assert summary is not None and summary.errors_by_kind() == {"connect": len(summary.results)}
+    assert 5 <= len(summary.results) < 20 and probe.failure is not None and "refused" in probe.failure
 
 
 def test_a_wrong_model_name_counts_404s_with_the_servers_words(vllm_main: VllmServer) -> None:
@@ -86,6 +105,7 @@ def test_a_cancel_stops_the_requests_in_flight(vllm_main: VllmServer) -> None:
         kinds = summary.errors_by_kind()
         assert kinds.get("cancelled", 0) >= 1 and len(summary.ok) >= 2
         assert len(summary.results) < 400
+        probe.cancel()  # a second cancel, after the run ended, is harmless
         # vLLM aborts what the clients closed: nothing left running shortly after.
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -95,6 +115,10 @@ def test_a_cancel_stops_the_requests_in_flight(vllm_main: VllmServer) -> None:
             time.sleep(0.5)
         else:
             pytest.fail("requests still running on the server 15 s after the cancel")
+        # ... because it aborted them, not because they ran to the end.
+        history = [s.snapshot for s in collector.history() if s.snapshot is not None]
+        aborted = [(s.by_label("request_success") or {}).get("abort", 0) for s in (history[0], history[-1])]
+        assert aborted[1] - aborted[0] >= 1, aborted
     finally:
         collector.stop()
 

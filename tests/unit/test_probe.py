@@ -17,6 +17,7 @@ from diagnostics.core.probe import (
     comparison,
     disagreements,
     percentile,
+    prompt_at,
     prompts,
     with_server,
 )
@@ -51,6 +52,16 @@ def test_prompts_are_exact_reproducible_and_share_the_prefix() -> None:
     a, b = prompts(spec, 3), prompts(spec, 3)
     assert a == b and all(len(p) == 50 for p in a)
     assert a[0][:20] == a[1][:20] == a[2][:20] and a[0][20:] != a[1][20:]
+    # A long duration-mode probe never repeats a prompt (a repeat would hit the prefix cache).
+    assert prompt_at(spec, 0) != prompt_at(spec, 100_000)
+    assert len({tuple(prompt_at(ProbeSpec(prompt_tokens=8), i)) for i in range(5000)}) == 5000
+
+
+def test_the_confirmation_names_every_setting_that_changes_the_load() -> None:
+    text = ProbeSpec(concurrency=4, requests=None, seconds=30, n=4, shared_prefix_tokens=64, ignore_eos=False,
+                     prompt_tokens=128, max_tokens=32).describe("http://h:8000")
+    assert text == ("4 concurrent clients sending requests for 30 s to http://h:8000: prompts of 128 tokens, n = 4, "
+                    "64 of them shared, stopping at EOS, up to 32 output tokens each")
 
 
 def test_percentiles_match_numpy() -> None:
@@ -113,3 +124,5 @@ def test_before_after_says_which_way_is_better() -> None:
     assert rows["TTFT p95 (s)"] == "+50 % (worse)"
     assert rows["requests/s"] == "+0 %"
     assert rows["ITL p50 (s)"] == "—"
+    worse = {name: change for name, _, _, change in comparison(before, {**after, "errors": 3})}
+    assert worse["errors"] == "from 0 to 3 (worse)"
