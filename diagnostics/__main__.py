@@ -579,6 +579,10 @@ def build_parser() -> _Parser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def budget_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--itl-budget-ms", type=_positive, help="inter-token latency budget (p95), ms")
+        p.add_argument("--ttft-budget-ms", type=_positive, help="time-to-first-token budget (p95), ms")
+
     def prometheus_args(p: argparse.ArgumentParser, since: str | None) -> None:
         p.add_argument("--prometheus", metavar="URL", help="read from this Prometheus (or Thanos, Mimir…) instead")
         p.add_argument("--selector", default="", help='series selector for the vLLM targets, e.g. \'{job="vllm"}\'')
@@ -620,8 +624,7 @@ def build_parser() -> _Parser:
     diag.add_argument("--replay", help="a recording: the whole recording is the window")
     diag.add_argument("--seconds", type=_positive, default=30.0, help="with --url: seconds to collect (the window)")
     diag.add_argument("--log", help="the server's startup log (alone: diagnose a failed start)")
-    diag.add_argument("--itl-budget-ms", type=_positive, help="inter-token latency budget (p95), ms")
-    diag.add_argument("--ttft-budget-ms", type=_positive, help="time-to-first-token budget (p95), ms")
+    budget_args(diag)
     diag.add_argument("--max-num-seqs", type=int, help="the server's --max-num-seqs, when known")
     diag.add_argument("--max-num-batched-tokens", type=int, help="the server's --max-num-batched-tokens, when known")
     diag.add_argument("--json", action="store_true", help='{"findings": [...]}')
@@ -646,8 +649,7 @@ def build_parser() -> _Parser:
     fleet.add_argument("--until", type=_when, metavar="TIME",
                        help="the window ends here (Unix seconds or ISO 8601; default now)")
     fleet.add_argument("--timeout", type=_positive, help="seconds a whole query may take (default 15)")
-    fleet.add_argument("--itl-budget-ms", type=_positive, help="inter-token latency budget (p95), ms")
-    fleet.add_argument("--ttft-budget-ms", type=_positive, help="time-to-first-token budget (p95), ms")
+    budget_args(fleet)
     fleet.add_argument("--json", action="store_true", help="one object per instance: instance, model, up, …")
     fleet.set_defaults(func=cmd_fleet)
 
