@@ -63,8 +63,8 @@ def test_a_probe_on_the_real_server_over_the_live_charts(page: Page, app_on_real
     run_probe(page)  # a second run: before / after
     expect(page.get_by_text("Before / after").first).to_be_visible(timeout=120_000)
     expect(page.locator('[role="gridcell"]').filter(has_text=re.compile(r"^output tok/s$"))).to_have_count(1)
+    # The grid's accessible cells are in the DOM but not "visible" to Playwright: count them.
     changes = page.locator('[role="gridcell"]').filter(has_text=re.compile(r"^[+-]\d+ %"))
-    expect(changes.first).to_be_visible()
     assert changes.count() >= 9, changes.all_inner_texts()  # throughput, rates, TTFT / ITL / e2e percentiles
     shoot(page, "probe-before-after.png")
 

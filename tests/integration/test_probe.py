@@ -115,10 +115,13 @@ def test_a_cancel_stops_the_requests_in_flight(vllm_main: VllmServer) -> None:
             time.sleep(0.5)
         else:
             pytest.fail("requests still running on the server 15 s after the cancel")
-        # ... because it aborted them, not because they ran to the end.
-        history = [s.snapshot for s in collector.history() if s.snapshot is not None]
-        aborted = [(s.by_label("request_success") or {}).get("abort", 0) for s in (history[0], history[-1])]
-        assert aborted[1] - aborted[0] >= 1, aborted
+        # ... because it aborted them, not because they ran to the end: the server generated fewer
+        # tokens than every request it was sent would have (vLLM 0.32 counts no aborts in
+        # request_success, so the token counter is the evidence).
+        time.sleep(1.0)
+        snaps = [s.snapshot for s in collector.history() if s.snapshot is not None]
+        generated = (snaps[-1].value("generation_tokens") or 0) - (snaps[0].value("generation_tokens") or 0)
+        assert generated < len(summary.results) * 400, (generated, len(summary.results))
     finally:
         collector.stop()
 
