@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from diagnostics.core.diagnosis.types import SEVERITY_ORDER, Finding
@@ -121,7 +121,6 @@ class FleetFinding:
     instances: tuple[str, ...]
     models: tuple[str, ...]
     total: int  # replicas in the fleet
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
