@@ -52,8 +52,14 @@ def test_the_clients_count_every_token_themselves(vllm_main: VllmServer) -> None
     summary = Probe(vllm_main.url, ProbeSpec(concurrency=4, requests=8, prompt_tokens=32, max_tokens=16)).start().wait(120)
     assert summary is not None and len(summary.ok) == 8
     for r in summary.ok:
-        # 16 tokens: a first chunk and 15 gaps, counted by the client, and the server's usage agrees.
-        assert len(r.gaps) == 15 and r.output_tokens == 16 and r.ttft is not None and r.ttft < r.end - r.start
+        # 16 tokens, as the server's usage counts them. The client times every chunk it receives: a
+        # first one and a gap before each of the others. When the API server falls behind it sends
+        # two steps' tokens in one chunk (CI saw 15 chunks for 16 tokens), so there are at most 15
+        # gaps, and a gap then spans both steps, as `vllm bench serve` counts it too.
+        assert r.output_tokens == 16 and r.ttft is not None
+        assert 8 <= len(r.gaps) <= 15
+        assert all(g >= 0 for g in r.gaps)
+        assert r.ttft + sum(r.gaps) <= r.end - r.start + 1e-6
 
 
 def test_an_unreachable_server_is_one_clear_line() -> None:
