@@ -221,6 +221,10 @@ def status_object(
         "prompt_tokens_rate": state.prompt_tokens_rate,
         "generation_tokens_rate": state.generation_tokens_rate,
         "request_success_rate": state.request_success_rate,
+        "engines": [{"engine": e.engine, "model_name": e.model_name, "kv_cache_usage_perc": e.kv_cache_usage_perc,
+                     "num_requests_running": e.num_requests_running, "num_requests_waiting": e.num_requests_waiting,
+                     "generation_tokens_rate": e.generation_tokens_rate, "prompt_tokens_rate": e.prompt_tokens_rate}
+                    for e in state.engines],
     }
     for concept, short in (
         ("time_to_first_token_seconds", "ttft"),
@@ -283,6 +287,12 @@ def render_status(obj: dict[str, Any]) -> str:
         f"ITL           p50 {_lat(obj, 'itl_p50')}   p95 {_lat(obj, 'itl_p95')}",
         f"Queue time    p50 {_lat(obj, 'queue_p50')}   p95 {_lat(obj, 'queue_p95')}",
     ]
+    for e in obj.get("engines") or ():
+        lines.append(
+            f"engine {e['engine']:<6} KV {_fmt(e['kv_cache_usage_perc'], ' %', 100)}"
+            f"   running {_fmt(e['num_requests_running'], digits=0)}   waiting {_fmt(e['num_requests_waiting'], digits=0)}"
+            f"   generation {_fmt(e['generation_tokens_rate'], ' tok/s')}"
+        )
     return "\n".join(lines)
 
 
@@ -632,7 +642,7 @@ def build_parser() -> _Parser:
 
     simulate = sub.add_parser("simulate", help="run the simulated vLLM engine's HTTP surface on loopback")
     simulate.add_argument("--scenario", default="healthy", help="healthy, queue_at_cap, kv_pressure, head_of_line, "
-                          "parallel_no_prefix, parallel_sampling, slow_decode, stall")
+                          "parallel_no_prefix, parallel_sampling, slow_decode, stall, data_parallel, hung_rank")
     simulate.add_argument("--port", type=int, default=8000)
     simulate.add_argument("--host", default="127.0.0.1")
     simulate.add_argument("--speed", type=_positive, default=1.0, help="simulated seconds per wall second")

@@ -282,6 +282,19 @@ def last_snapshot(history: Sequence[Scrape]) -> Scrape | None:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineState:
+    """One engine of a data-parallel server: its gauges now and its token rates over the window."""
+
+    engine: str
+    model_name: str
+    kv_cache_usage_perc: float | None
+    num_requests_running: float | None
+    num_requests_waiting: float | None
+    generation_tokens_rate: float | None
+    prompt_tokens_rate: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class DerivedState:
     """What the engine is doing now: gauges from the last good scrape, rates and quantiles over
     the window. Every field is None when the server does not expose it."""
@@ -305,6 +318,7 @@ class DerivedState:
     request_success_rate: dict[str, float] | None
     quantiles: dict[str, dict[float, Quantile | None] | None]
     cache_config: CacheConfig | None
+    engines: tuple[EngineState, ...] = ()  # one per engine label, when the server has more than one
 
     def quantile(self, concept: str, q: float) -> Quantile | None:
         values = self.quantiles.get(concept)
@@ -387,6 +401,18 @@ def derive_state(history: Sequence[Scrape], window_seconds: float = 60.0, end: f
         request_success_rate=_labelled_rates(scrapes, "request_success"),
         quantiles={c: windowed_quantiles(scrapes, c) for c in LATENCY_CONCEPTS},
         cache_config=config,
+        engines=_engine_states(scrapes, snap),
+    )
+
+
+def _engine_states(scrapes: Sequence[Scrape], snap: Snapshot | None) -> tuple[EngineState, ...]:
+    if snap is None or len(snap.engines) < 2:
+        return ()
+    return tuple(
+        EngineState(key[1], key[0], snap.value("kv_cache_usage_perc", key), snap.value("num_requests_running", key),
+                    snap.value("num_requests_waiting", key), counter_rate(scrapes, "generation_tokens", key),
+                    counter_rate(scrapes, "prompt_tokens", key))
+        for key in snap.engines
     )
 
 

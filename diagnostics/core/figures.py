@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import plotly.graph_objects as go
 
-from diagnostics.core.catalog import RATIOS, CacheConfig, Snapshot
+from diagnostics.core.catalog import RATIOS, CacheConfig, EngineKey, Snapshot
 from diagnostics.core.derive import Scrape
 from diagnostics.core.gpu import GpuMemory
 from diagnostics.core.series import (
@@ -359,6 +359,13 @@ def finding_figure(
         for q, qseries in quantiles.items():
             _add_quantile_traces(fig, f"p{round(q * 100)}", qseries)
         y_title = "ms (5 s window)"
+    elif chart == "generation_tokens" and len(names := engine_names(history)) > 1:
+        # Engines side by side: a hung rank is the line that drops to zero while the others go on.
+        fig = go.Figure()
+        for key, label in names.items():
+            rates = rate_series(history, engine_pick("generation_tokens", key), window_seconds=1.0)
+            fig.add_trace(go.Scatter(x=_times(rates.ts), y=rates.values, name=label, mode="lines"))
+        y_title = "tokens/s"
     else:
         if chart == "generation_tokens":
             series = rate_series(history, lambda s: s.value("generation_tokens"), window_seconds=1.0)
@@ -387,7 +394,8 @@ def finding_figure(
     return fig
 
 
-_FLEET_SCALE = {"%": (100.0, "%"), "s": (1000.0, "ms"), "/s": (1.0, "per second"), "": (1.0, "")}
+_FLEET_SCALE = {"%": (100.0, "%"), "s": (1000.0, "ms"), "/s": (1.0, "per second"), "": (1.0, ""),
+                "tok/s": (1.0, "tokens/s")}
 
 
 def fleet_figure(
@@ -417,8 +425,49 @@ def fleet_figure(
                 connectgaps=False,
             )
         )
-    extra: dict[str, Any] = {"yaxis_range": [0, 105]} if unit == "%" else {}
+    extra: dict[str, Any] = {"yaxis_range": [0, 105]} if unit == "%" else {"yaxis_rangemode": "tozero"}
     return _layout(fig, title, y_title, **extra)
+
+
+ENGINE_PANELS: tuple[tuple[str, str, str, str], ...] = (
+    # (concept, title, unit, kind): one line per engine of a data-parallel server
+    ("kv_cache_usage_perc", "KV-cache usage by engine", "%", "gauge"),
+    ("generation_tokens", "Generated tokens by engine", "tok/s", "rate"),
+    ("num_requests_running", "Running by engine", "requests", "gauge"),
+    ("num_requests_waiting", "Waiting by engine", "requests", "gauge"),
+)
+
+
+def engine_pick(concept: str, engine: EngineKey) -> Callable[[Snapshot], float | None]:
+    """One engine's value of a concept, as series builders pick it."""
+    return lambda snap: snap.value(concept, engine)
+
+
+def engine_names(history: Sequence[Scrape]) -> dict[EngineKey, str]:
+    """The engines the newest good scrape labels, named as a person reads them ("engine 1")."""
+    for scrape in reversed(history):
+        if scrape.snapshot is not None:
+            keys = scrape.snapshot.engines
+            models = {model for model, _ in keys}
+            return {key: f"engine {key[1] or '0'}" + (f" · {key[0]}" if len(models) > 1 else "") for key in keys}
+    return {}
+
+
+def engines_figure(history: Sequence[Scrape], concept: str, title: str, unit: str, kind: str,
+                   highlight: Collection[str] = ()) -> go.Figure | None:
+    """One line per engine for a gauge, or a counter's per-interval rate; None with a single engine."""
+    names = engine_names(history)
+    if len(names) < 2:
+        return None
+    series: dict[str, list[tuple[float, float]]] = {}
+    for key, name in names.items():
+        if kind == "rate":
+            rates = rate_series(history, engine_pick(concept, key))
+            series[name] = [(t, math.nan if v is None else v) for t, v in zip(rates.ts, rates.values)]
+        else:
+            pick = engine_pick(concept, key)
+            series[name] = [(s.ts, v) for s in history if s.snapshot is not None and (v := pick(s.snapshot)) is not None]
+    return fleet_figure(title, unit, series, highlight)
 
 
 def mark_span(fig: go.Figure, start: float, end: float, label: str) -> go.Figure:

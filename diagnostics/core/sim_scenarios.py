@@ -35,6 +35,8 @@ class Scenario:
     workload: Workload
     stall: bool = False
     itl_budget_ms: float | None = None
+    data_parallel_size: int = 1  # engines side by side, as --data-parallel-size starts them
+    hung_rank: int | None = None  # the engine that stops (its process stopped: its metrics freeze)
 
 
 BASE = EngineConfig()
@@ -61,6 +63,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              Workload(rate_per_s=8.0, prompt_tokens=32, output_tokens=250), itl_budget_ms=50.0),
     Scenario("stall", "Silent stall", "the engine stops producing tokens while /metrics still answers",
              "silent_stall", BASE, Workload(rate_per_s=4.0), stall=True),
+    Scenario("data_parallel", "Two engines side by side", "--data-parallel-size 2, load balanced across both",
+             "", BASE, Workload(rate_per_s=8.0, shared_prefix_tokens=256), data_parallel_size=2),
+    Scenario("hung_rank", "Hung data-parallel rank", "engine 1 of 2 stops; engine 0 serves alone, the totals halve",
+             "hung_rank", BASE, Workload(rate_per_s=8.0), data_parallel_size=2, hung_rank=1),
 )}
 
 
@@ -111,8 +117,18 @@ class WorkloadGenerator:
         return min(times)
 
 
-def make_engine(scenario: Scenario, seed: int = 0, now: float = 0.0) -> tuple[SimEngine, WorkloadGenerator]:
-    """A fresh engine for the scenario whose clock (and workload) start at ``now``."""
-    engine = SimEngine(scenario.config)
-    engine.now = now
-    return engine, WorkloadGenerator(scenario.workload, now, seed)
+def make_engines(scenario: Scenario, seed: int = 0, now: float = 0.0) -> tuple[list[SimEngine], WorkloadGenerator]:
+    """Fresh engines for the scenario (one per data-parallel rank) whose clocks (and workload)
+    start at ``now``."""
+    engines = []
+    for _ in range(scenario.data_parallel_size):
+        engine = SimEngine(scenario.config)
+        engine.now = now
+        engines.append(engine)
+    return engines, WorkloadGenerator(scenario.workload, now, seed)
+
+
+def pick_engine(engines: list[SimEngine]) -> int:
+    """The engine a new request goes to: the fewest requests in flight, the lowest index on ties
+    (vLLM's DP load balancer, ``get_core_engine_for_request`` in ``vllm/v1/engine/core_client.py``)."""
+    return min(range(len(engines)), key=lambda i: (len(engines[i].running) + len(engines[i].waiting), i))

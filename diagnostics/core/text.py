@@ -79,7 +79,7 @@ def evidence_rows(evidence: dict[str, object]) -> list[tuple[str, str]]:
     return rows
 
 
-_UNIT_SUFFIXES = ("_seconds", "_perc", "_bytes", "_ms")
+_UNIT_SUFFIXES = ("_seconds", "_perc", "_bytes", "_ms", "_at")
 
 
 def _evidence_label(key: str) -> str:
@@ -100,7 +100,9 @@ def _evidence_value(key: str, value: object) -> str:
         return "; ".join(str(v) for v in value)
     if not isinstance(value, (int, float)):
         return str(value)
-    if key.endswith("_seconds"):
+    if key.endswith("_at"):  # a wall-clock time (Unix seconds)
+        return time.strftime("%H:%M:%S", time.localtime(float(value)))
+    if key.endswith("_seconds") or key.startswith("seconds_"):
         return fmt_seconds_as_ms(float(value))
     if key.endswith("_ms"):
         return f"{value:,g} ms"

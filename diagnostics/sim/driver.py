@@ -1,7 +1,9 @@
-"""Runs a scenario: the engine, its workload and its metrics, on a simulated clock.
+"""Runs a scenario: the engines, their workload and their metrics, on a simulated clock.
 
 ``run_for`` steps as fast as the CPU allows (tests, benchmarks, "what happens in 10 minutes");
-``start`` follows the wall clock in a background thread, for the HTTP surface.
+``start`` follows the wall clock in a background thread, for the HTTP surface. A scenario with
+``data_parallel_size`` > 1 runs that many engines, each on its own clock, new requests going to the
+least loaded one (:func:`~diagnostics.core.sim_scenarios.pick_engine`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from diagnostics.core.sim_engine import SimEngine, SimRequest
-from diagnostics.core.sim_scenarios import SCENARIOS, Scenario, make_engine
+from diagnostics.core.sim_scenarios import SCENARIOS, Scenario, make_engines, pick_engine
 from diagnostics.sim.metrics import SimMetrics
 
 STALL_AFTER_SECONDS = 20.0
@@ -27,19 +29,28 @@ class Simulation:
 
     # -- state ---------------------------------------------------------------------------------
 
+    @property
+    def engine(self) -> SimEngine:
+        """The first engine (the only one without data parallelism)."""
+        return self.engines[0]
+
+    @property
+    def now(self) -> float:
+        return min(e.now for e in self.engines)
+
     def set_scenario(self, name: str) -> None:
-        """Switch scenario at runtime: a fresh engine, counters continue from zero (a "restart")."""
+        """Switch scenario at runtime: fresh engines, counters continue from zero (a "restart")."""
         if name not in SCENARIOS:
             raise ValueError(f"unknown scenario {name!r}; one of: {', '.join(SCENARIOS)}")
         with self.lock:
-            previous: SimEngine | None = getattr(self, "engine", None)
+            previous: list[SimEngine] = getattr(self, "engines", [])
             now = 0.0
-            if previous is not None:
-                previous.abort_all()  # HTTP requests waiting on the old engine get an answer
-                now = previous.now
+            for engine in previous:
+                engine.abort_all()  # HTTP requests waiting on the old engines get an answer
+                now = max(now, engine.now)
             self.scenario: Scenario = SCENARIOS[name]
-            self.engine, self.generator = make_engine(self.scenario, self._seed, now)
-            self.metrics = SimMetrics(self.scenario.config, self.engine.num_gpu_blocks)
+            self.engines, self.generator = make_engines(self.scenario, self._seed, now)
+            self.metrics = SimMetrics(self.scenario.config, self.engine.num_gpu_blocks, len(self.engines))
             self.started_at = now
 
     def metrics_text(self) -> str:
@@ -49,34 +60,44 @@ class Simulation:
     def add_request(self, prompt: list[int], max_tokens: int, n: int = 1,
                     on_token: Callable[[SimRequest], None] | None = None) -> list[SimRequest]:
         with self.lock:
-            return self.engine.add_request(prompt, max_tokens, n, on_token)
+            return self.engines[pick_engine(self.engines)].add_request(prompt, max_tokens, n, on_token)
 
     # -- stepping ------------------------------------------------------------------------------
 
+    def _stalled(self, index: int, engine: SimEngine) -> bool:
+        if engine.now - self.started_at < STALL_AFTER_SECONDS:
+            return False
+        return self.scenario.stall or self.scenario.hung_rank == index
+
     def run_until(self, target: float) -> None:
-        """Advance the simulated clock to ``target``: arrivals, steps, metrics."""
+        """Advance every engine's clock to ``target``: arrivals, steps, metrics. The engine furthest
+        behind moves first, so arrivals are routed on the state they would meet."""
         with self.lock:
-            engine = self.engine
-            while engine.now < target:
+            while True:
+                index = min(range(len(self.engines)), key=lambda i: self.engines[i].now)
+                engine = self.engines[index]
+                if engine.now >= target:
+                    return
                 for prompt, max_tokens, n in self.generator.due(engine.now):
-                    engine.add_request(prompt, max_tokens, n)
-                if self.scenario.stall and engine.now - self.started_at >= STALL_AFTER_SECONDS:
-                    engine.stalled = True
+                    self.engines[pick_engine(self.engines)].add_request(prompt, max_tokens, n)
+                engine.stalled = self._stalled(index, engine)
                 if engine.idle() or engine.stalled:
                     nxt = min(self.generator.next_arrival(), target)
                     stats = engine.step()
-                    engine.advance_idle(max(nxt, engine.now + 1e-3) if not engine.stalled else target)
+                    engine.advance_idle(max(nxt, engine.now + 1e-3))
                     stats.now = engine.now
-                    self.metrics.update(stats)
+                    if not (engine.stalled and self.scenario.hung_rank == index):
+                        # A stopped rank publishes nothing: its gauges keep their last values.
+                        self.metrics.update(stats, index)
                     continue
                 horizon = min(target, self.generator.next_arrival())
                 stats = engine.fast_forward(horizon) or engine.step()
-                self.metrics.update(stats)
+                self.metrics.update(stats, index)
 
     def run_for(self, seconds: float, scrape_every: float = 1.0) -> list[tuple[float, str]]:
         """Run ``seconds`` of simulated time as fast as possible; the /metrics text every interval."""
         out = []
-        start = self.engine.now
+        start = self.now
         t = start
         while t < start + seconds:
             t += scrape_every
@@ -89,7 +110,7 @@ class Simulation:
         if self._thread is not None and self._thread.is_alive():
             return self
         self._stop.clear()
-        origin_wall, origin_sim = time.monotonic(), self.engine.now
+        origin_wall, origin_sim = time.monotonic(), self.now
 
         def loop() -> None:
             while not self._stop.is_set():

@@ -48,10 +48,9 @@ def _observe_many(child: Any, value: float, count: int) -> None:
 
 
 class SimMetrics:
-    def __init__(self, config: EngineConfig, num_gpu_blocks: int) -> None:
+    def __init__(self, config: EngineConfig, num_gpu_blocks: int, num_engines: int = 1) -> None:
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
-        self._labels = {"model_name": config.served_model_name, "engine": "0"}
         r = self.registry
 
         def gauge(name: str, doc: str, extra: list[str] | None = None) -> Gauge:
@@ -94,29 +93,34 @@ class SimMetrics:
             "block_size", "cache_dtype", "enable_prefix_caching", "engine", "gpu_memory_utilization",
             "num_gpu_blocks", "num_gpu_blocks_override", "kv_cache_size_tokens", "kv_cache_memory_bytes"],
             registry=r)
-        info.labels(block_size=str(config.block_size), cache_dtype="auto" if config.kv_dtype_bytes == 2 else "fp8",
-                    enable_prefix_caching=str(config.enable_prefix_caching), engine="0",
-                    gpu_memory_utilization=str(config.gpu_memory_utilization), num_gpu_blocks=str(num_gpu_blocks),
-                    num_gpu_blocks_override=str(config.num_gpu_blocks) if config.num_gpu_blocks else "None",
-                    kv_cache_size_tokens=str(num_gpu_blocks * config.block_size),
-                    kv_cache_memory_bytes="None").set(1)
-        for reason in ("stop", "length", "abort", "error", "repetition"):
-            self.success.labels(**self._labels, finished_reason=reason)
-        for reason in ("capacity", "deferred"):
-            self.waiting_by_reason.labels(**self._labels, reason=reason)
-        lab = self._labels
-        self._children: dict[str, Any] = {
-            "running": self.running.labels(**lab), "waiting": self.waiting.labels(**lab),
-            "waiting_capacity": self.waiting_by_reason.labels(**lab, reason="capacity"),
-            "kv": self.kv_usage.labels(**lab), "queries": self.queries.labels(**lab), "hits": self.hits.labels(**lab),
-            "preemptions": self.preemptions.labels(**lab), "prompt": self.prompt_tokens.labels(**lab),
-            "generation": self.generation_tokens.labels(**lab), "iteration": self.iteration.labels(**lab),
-            "ttft": self.ttft.labels(**lab), "itl": self.itl.labels(**lab),
-        }
+        # One set of series per data-parallel engine, labelled engine="0", "1", … as vLLM does.
+        self._labels = [{"model_name": config.served_model_name, "engine": str(i)} for i in range(num_engines)]
+        self._children: list[dict[str, Any]] = []
+        for lab in self._labels:
+            info.labels(block_size=str(config.block_size),
+                        cache_dtype="auto" if config.kv_dtype_bytes == 2 else "fp8",
+                        enable_prefix_caching=str(config.enable_prefix_caching), engine=lab["engine"],
+                        gpu_memory_utilization=str(config.gpu_memory_utilization), num_gpu_blocks=str(num_gpu_blocks),
+                        num_gpu_blocks_override=str(config.num_gpu_blocks) if config.num_gpu_blocks else "None",
+                        kv_cache_size_tokens=str(num_gpu_blocks * config.block_size),
+                        kv_cache_memory_bytes="None").set(1)
+            for reason in ("stop", "length", "abort", "error", "repetition"):
+                self.success.labels(**lab, finished_reason=reason)
+            for reason in ("capacity", "deferred"):
+                self.waiting_by_reason.labels(**lab, reason=reason)
+            self._children.append({
+                "running": self.running.labels(**lab), "waiting": self.waiting.labels(**lab),
+                "waiting_capacity": self.waiting_by_reason.labels(**lab, reason="capacity"),
+                "kv": self.kv_usage.labels(**lab), "queries": self.queries.labels(**lab),
+                "hits": self.hits.labels(**lab), "preemptions": self.preemptions.labels(**lab),
+                "prompt": self.prompt_tokens.labels(**lab), "generation": self.generation_tokens.labels(**lab),
+                "iteration": self.iteration.labels(**lab), "ttft": self.ttft.labels(**lab),
+                "itl": self.itl.labels(**lab),
+            })
 
-    def update(self, stats: StepStats) -> None:
-        lab = self._labels
-        c = self._children
+    def update(self, stats: StepStats, engine: int = 0) -> None:
+        lab = self._labels[engine]
+        c = self._children[engine]
         c["running"].set(stats.num_running)
         c["waiting"].set(stats.num_waiting)
         c["waiting_capacity"].set(stats.num_waiting)

@@ -335,6 +335,7 @@ def panels(
         chart(
             lambda: figures.throughput_figure(shown), f"{key}-throughput", "No token counters yet (needs two scrapes)."
         )
+    engines_panel(shown, key)
     st.subheader("Latency")
     cols = st.columns(2)
     for i, concept in enumerate(figures.LATENCY_NAMES):
@@ -363,6 +364,21 @@ def panels(
                 + ". It is read with NVML when the dashboard runs on the GPU host; vLLM's /metrics has no "
                 "GPU-memory metric."
             )
+
+
+def engines_panel(shown: Sequence[Scrape], key: str) -> None:
+    """Engines side by side, when the server runs more than one (``--data-parallel-size``)."""
+    if len(figures.engine_names(shown)) < 2:
+        return
+    st.subheader("Engines side by side")
+    st.caption("One line per data-parallel engine. Judge an engine by its tokens: a rank whose tokens stop while "
+               "its peers serve is hung (Diagnose names it), and the server totals above only drop by its share. "
+               "Its gauges are what it last reported: they freeze when it stops.")
+    cols = st.columns(2)
+    for i, (concept, title, unit, kind) in enumerate(figures.ENGINE_PANELS):
+        with cols[i % 2]:
+            chart(partial(figures.engines_figure, shown, concept, title, unit, kind), f"{key}-engines-{concept}",
+                  f"No {title.lower()} in this window.")
 
 
 def age_caption(history: Sequence[Scrape]) -> None:

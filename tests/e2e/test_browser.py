@@ -138,3 +138,25 @@ def test_paged_attention_and_capacity_pages(page: Page, streamlit_url: str) -> N
     expect(page.get_by_text("72.0 GB").first).to_be_visible(timeout=30_000)
     expect(page.get_by_text("= the server's kv_cache_size_tokens").first).to_be_visible(timeout=30_000)
     shoot(page, "capacity.png")
+
+
+def test_a_real_hung_rank_shows_engines_side_by_side_and_is_named(page: Page, streamlit_url: str) -> None:
+    """The real --data-parallel-size 2 recording whose rank 1 was SIGSTOPped for 12 s."""
+    recording = ROOT / "tests" / "fixtures" / "incidents" / "hung_rank_dp2.jsonl.gz"
+    page.goto(streamlit_url + "/Replay")
+    expect(page.get_by_text("Upload a recording").first).to_be_visible(timeout=30_000)
+    page.locator('input[type="file"]').set_input_files(str(recording))
+    expect(page.get_by_text("Engines side by side").first).to_be_visible(timeout=30_000)
+    for title in ("KV-cache usage by engine", "Generated tokens by engine", "Running by engine", "Waiting by engine"):
+        expect(page.locator(".js-plotly-plot", has_text=title)).to_have_count(1)
+    # Both engines are drawn as lines in the tokens chart (legend entries).
+    tokens = page.locator(".js-plotly-plot", has_text="Generated tokens by engine")
+    expect(tokens.get_by_text("engine 0", exact=True)).to_have_count(1)
+    expect(tokens.get_by_text("engine 1", exact=True)).to_have_count(1)
+    page.wait_for_timeout(1500)
+    shoot(page, "replay-engines-side-by-side.png")
+    _diagnose_recording(page, streamlit_url, recording)
+    expect(page.get_by_text("Hung rank: engine 1").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("EngineCore_DP1").first).to_be_visible()
+    page.wait_for_timeout(1000)
+    shoot(page, "diagnose-hung-rank.png")

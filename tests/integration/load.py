@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -68,6 +69,7 @@ class Clients:
 
     gaps_s: list[tuple[float, float]] = field(default_factory=list)  # (wall time of the token, gap)
     statuses: list[int] = field(default_factory=list)
+    durations_s: list[float] = field(default_factory=list)  # each request, sent to last byte
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def max_gap(self, start: float, end: float) -> float:
@@ -83,7 +85,8 @@ class Clients:
 
         return {"requests": len(self.statuses), "ok": sum(1 for s in self.statuses if s == 200),
                 "failed": sum(1 for s in self.statuses if s != 200), "token_gaps": len(gaps),
-                "gap_p50_s": q(0.5), "gap_p90_s": q(0.9), "gap_p99_s": q(0.99), "gap_max_s": q(1.0)}
+                "gap_p50_s": q(0.5), "gap_p90_s": q(0.9), "gap_p99_s": q(0.99), "gap_max_s": q(1.0),
+                "request_max_s": round(max(self.durations_s), 3) if self.durations_s else None}
 
 
 def request(url: str, clients: Clients, *, prompt: str, max_tokens: int, n: int = 1, stream: bool = False,
@@ -93,6 +96,7 @@ def request(url: str, clients: Clients, *, prompt: str, max_tokens: int, n: int 
             "stream": stream}
     status = -1
     gaps: list[tuple[float, float]] = []
+    started = time.monotonic()
     try:
         with httpx.Client(base_url=url, timeout=timeout) as client:
             if not stream:
@@ -112,6 +116,7 @@ def request(url: str, clients: Clients, *, prompt: str, max_tokens: int, n: int 
         status = -1
     with clients.lock:
         clients.statuses.append(status)
+        clients.durations_s.append(time.monotonic() - started)
         clients.gaps_s.extend(gaps)
 
 
@@ -146,3 +151,25 @@ def closed_loop(url: str, clients: Clients, num_clients: int, seconds: float, ma
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def stop_rank(server: Any, clients: Clients, *, rank: int, seconds: int, stop_at: int, stop_for: int,
+              mark: Callable[..., None], prompt: Callable[[], str]) -> None:
+    """Four new requests a second for ``seconds`` against a ``--data-parallel-size`` server; its
+    ``EngineCore_DP<rank>`` process is SIGSTOPped ``stop_at`` seconds in, for ``stop_for`` seconds."""
+    pid = server.engine_core_pid(rank)
+    loads = []
+    try:
+        for second in range(seconds):
+            if second == stop_at:
+                mark("sigstop", pid=pid, rank=rank)
+                os.kill(pid, signal.SIGSTOP)
+            if second == stop_at + stop_for:
+                os.kill(pid, signal.SIGCONT)
+                mark("sigcont", pid=pid, rank=rank)
+            loads.append(burst(server.url, clients, 4, prompt=prompt(), max_tokens=128))
+            time.sleep(1.0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for load in loads:
+        load.join(60)

@@ -125,6 +125,16 @@ class VllmServer:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True)
         return [int(p) for p in out.stdout.split()]
 
+    def engine_core_pid(self, rank: int = 0) -> int:
+        """The pid of the ``EngineCore_DP<rank>`` process (its command line names its rank)."""
+        for pid in self.engine_pids():
+            try:
+                if f"EngineCore_DP{rank}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+            except OSError:
+                continue
+        raise RuntimeError(f"no EngineCore_DP{rank} process among {self.engine_pids()}")
+
     def kill9(self) -> None:
         """SIGKILL the whole process group, as a crash would."""
         if self.proc is not None and self.proc.poll() is None:

@@ -16,6 +16,7 @@ from diagnostics.core.diagnosis.logs import ERROR_PATTERNS
 from diagnostics.core.diagnosis.rules import STARTUP_ERRORS
 from diagnostics.core.sim_scenarios import SCENARIOS, Scenario
 from diagnostics.recording import read_recording
+from diagnostics.sim.driver import Simulation
 from tests.unit.synth import down, scrape, text
 from tests.unit.test_rules import hol_history, steady
 
@@ -94,6 +95,7 @@ def _contexts() -> dict[str, Context]:
         "itl_budget_unset": prepare(slow),
         "sharing_disabled": prepare(sampled),
         "absent": prepare(bare),
+        "hung_rank": prepare([Scrape(ts, parse_snapshot(t)) for ts, t in Simulation("hung_rank").run_for(40)]),
         "real_recording": prepare(recording.scrapes(), info=recording.info(), budgets=Budgets(itl_ms=1, ttft_ms=1)),
     }
     for log in FIXTURES.glob("log-*.txt"):

@@ -508,3 +508,26 @@ def test_an_itl_p95_in_the_first_bucket_is_not_over_a_budget_below_that_bucket()
     unset = next(f for f in diagnose(prepare(history)) if f.id == "itl_budget_unset")
     assert (unset.evidence["itl_p95_seconds"], unset.evidence["itl_p95_bound"]) == (0.01, "<")
     assert "< 10 ms" in unset.title
+
+
+TIMEOUT = "/metrics did not answer within 2 s"
+
+
+def test_a_scrape_that_timed_out_once_is_a_slow_server_not_an_outage() -> None:
+    history = steady(5) + [down(5.0, TIMEOUT)] + [scrape(float(t), gen=100 * t) for t in range(6, 10)] \
+        + [down(10.0, TIMEOUT), down(11.0, TIMEOUT)] + [scrape(float(t), gen=100 * t) for t in range(12, 15)]
+    findings = diagnose(prepare(history))
+    assert "server_down" not in [f.id for f in findings]
+    slow = [f for f in findings if f.id == "scrapes_slow"]
+    assert len(slow) == 1 and slow[0].severity == "warning"
+    assert slow[0].evidence["failed_scrapes"] == 3 and slow[0].evidence["episodes"] == 2
+    assert slow[0].time_range == (5.0, 11.0)
+
+
+def test_timeouts_that_last_or_are_still_going_are_an_outage() -> None:
+    long_run = steady(5) + [down(float(t), TIMEOUT) for t in range(5, 11)] + [scrape(11.0, gen=1100)]
+    ongoing = steady(5) + [down(5.0, TIMEOUT)]
+    refused = steady(5) + [down(5.0)] + [scrape(6.0, gen=600)]  # refused, not slow: the process went away
+    for history in (long_run, ongoing, refused):
+        ids = [f.id for f in diagnose(prepare(history))]
+        assert "server_down" in ids and "scrapes_slow" not in ids, ids

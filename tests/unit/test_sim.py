@@ -10,7 +10,7 @@ from diagnostics.core.catalog import COUNTERS, GAUGES, parse_snapshot
 from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare
 from diagnostics.core.sim_engine import EngineConfig, SimEngine
-from diagnostics.core.sim_scenarios import SCENARIOS, make_engine
+from diagnostics.core.sim_scenarios import SCENARIOS, make_engines
 from diagnostics.sim.driver import Simulation
 from tests.conftest import fixture_text
 
@@ -35,7 +35,7 @@ def test_healthy_scenarios_raise_no_warning(name: str) -> None:
 
 
 def test_scheduler_keeps_the_allocator_consistent_every_step() -> None:
-    engine, generator = make_engine(SCENARIOS["kv_pressure"])
+    (engine,), generator = make_engines(SCENARIOS["kv_pressure"])
     preempted = 0
     while engine.now < 20:
         for prompt, max_tokens, n in generator.due(engine.now):

@@ -109,6 +109,16 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         "observable surface §2 (derived)",
     ),
     KnobRow(
+        "hung-rank",
+        "One data-parallel engine produces nothing while its peers serve",
+        "A hung rank, not a tuning problem: dump that EngineCore_DP<N> process's stacks, look for a stopped "
+        "process, a hung device or an RPC/collective timeout in its log, then restart; the requests it holds "
+        "get no answer until then",
+        (),
+        "restart the rank",
+        "observable surface §1 (engine label) and vllm/v1/engine/core_client.py (DP load balancing)",
+    ),
+    KnobRow(
         "down",
         "Server unreachable or engine dead (/health 503)",
         "Check the process, its last log lines (OOM, engine dead) and the host; restart",

@@ -23,6 +23,7 @@ from diagnostics.core.derive import (
     quantile_estimate,
 )
 from diagnostics.core.diagnosis.context import Context, episodes
+from diagnostics.core.diagnosis.engines import engine_name, silent_ranks
 from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
 from diagnostics.core.text import fmt_latency, fmt_seconds_as_ms
@@ -85,10 +86,15 @@ def outage(ctx: Context) -> list[Finding]:
     """Failed scrapes: the server was unreachable, timed out, answered errors, or its engine died."""
     history = ctx.history
     findings = []
+    slow: list[tuple[float, float]] = []
     for start, end in episodes([(s.ts, s.snapshot is None) for s in history]):
         errors = sorted({s.error or "failed" for s in history if s.snapshot is None and start <= s.ts <= end})
         ongoing = history[-1].snapshot is None and history[-1].ts == end
         engine_dead = any("503" in e or "unhealthy" in e for e in errors)
+        if not ongoing and end - start < ctx.thresholds.slow_scrape_max_seconds \
+                and all(SLOW_SCRAPE in e for e in errors):
+            slow.append((start, end))
+            continue
         title = ("Engine dead (/health 503)" if engine_dead else "Server unreachable") + (
             f" since {_fmt_s(end - start)} ago" if ongoing else f" for {_fmt_s(end - start)}, then recovered"
         )
@@ -108,6 +114,8 @@ def outage(ctx: Context) -> list[Finding]:
                 knobs=("down",),
             )
         )
+    if slow:
+        findings.append(_slow_scrapes(ctx, slow))
     for iv, (_, snap) in zip(ctx.intervals, ctx.ok[1:]):
         if iv.restarted:
             findings.append(
@@ -120,6 +128,29 @@ def outage(ctx: Context) -> list[Finding]:
                 )
             )
     return findings
+
+
+SLOW_SCRAPE = "did not answer within"  # the HTTP adapter's timeout message
+
+
+def _slow_scrapes(ctx: Context, episodes_: list[tuple[float, float]]) -> Finding:
+    """Scrapes that timed out and were answered again within seconds: a busy API process, not an
+    outage (a server whose frontend shares two cores with its engines answers late under load)."""
+    failed = sum(1 for s in ctx.history if s.snapshot is None and any(a <= s.ts <= b for a, b in episodes_))
+    return Finding(
+        id="scrapes_slow",
+        severity="warning",
+        title=f"/metrics answered late: {failed} scrape{'s' if failed > 1 else ''} timed out"
+        f"{f' in {len(episodes_)} episodes' if len(episodes_) > 1 else ''}, each answered again within seconds",
+        evidence={"failed_scrapes": failed, "episodes": len(episodes_),
+                  "first_timeout_at": episodes_[0][0], "last_timeout_at": episodes_[-1][1], "window": _span(ctx)},
+        checks=(
+            "The API process was too busy to answer in time: watch it (CPU, event-loop lag) under this load; a "
+            "frontend that falls behind delays tokens too (--api-server-count, or fewer clients per server).",
+            "If timeouts keep coming, raise the scrape timeout or interval rather than read them as an outage.",
+        ),
+        time_range=(episodes_[0][0], episodes_[-1][1]),
+    )
 
 
 def stall(ctx: Context) -> list[Finding]:
@@ -149,6 +180,46 @@ def stall(ctx: Context) -> list[Finding]:
                 chart="generation_tokens",
             )
         )
+    return findings
+
+
+def hung_rank(ctx: Context) -> list[Finding]:
+    """One data-parallel engine silent while its peers serve (see :mod:`.engines`): critical, naming
+    the engine, since when, and what it last reported holding."""
+    t = ctx.thresholds
+    findings = []
+    for rank in silent_ranks(ctx.ok, t.hung_rank_min_seconds, t.hung_rank_peer_batch):
+        name = engine_name(rank.engine)
+        held = [f"{v:.0f} {what}" for v, what in ((rank.last_running, "running"), (rank.last_waiting, "waiting"))
+                if v]
+        findings.append(Finding(
+            id="hung_rank",
+            severity="critical",
+            title=f"Hung rank: {name} produced no token for {_fmt_s(rank.seconds)} while its peers generated "
+            f"{rank.peer_generation_tokens:,.0f}" + (" (ongoing)" if rank.ongoing else "; then it resumed"),
+            evidence={
+                "engine": rank.engine[1], "model_name": rank.engine[0], "silent_since_at": rank.since,
+                "seconds_without_tokens": round(rank.seconds, 3), "ongoing": rank.ongoing,
+                "peer_generation_tokens": rank.peer_generation_tokens,
+                "peer_max_sequences_per_step": None if rank.peer_max_batch is None else round(rank.peer_max_batch, 2),
+                # Its gauges froze with it; under DP they often read 0 while work ran, so only a
+                # non-zero value says something.
+                **({"last_num_requests_running": rank.last_running, "last_num_requests_waiting": rank.last_waiting,
+                    "last_kv_cache_usage_perc": rank.last_kv_cache_usage_perc} if held else {}),
+                "window": _span(ctx),
+            },
+            checks=(
+                f"Dump the stacks of the EngineCore_DP{rank.engine[1] or '0'} process (py-spy dump --pid <pid>) "
+                "before restarting: a stopped or swapping process, a hung device or a stuck RPC is not a tuning "
+                "problem.",
+                "Requests the load balancer already sent to this rank get no answer until it resumes or restarts"
+                + (f"; it last reported {' and '.join(held)}." if held else "."),
+                "The server's totals only drop by this rank's share: whole-server charts look merely slower.",
+            ),
+            time_range=(rank.since, rank.until),
+            knobs=("hung-rank",),
+            chart="generation_tokens",
+        ))
     return findings
 
 

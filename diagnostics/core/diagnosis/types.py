@@ -86,6 +86,11 @@ class Thresholds:
     tokens_stopped_min_seconds: float = 2.0  # running > 0 and no token this long: no queue or capacity advice
     sharing_hit_rate_low: float = 0.05
     episode_merge_seconds: float = 10.0
+    hung_rank_min_seconds: float = 5.0  # one engine silent this long while its peers serve
+    # One sequence yields one token per step (no speculative decoding): peers above this shared steps
+    # between two or more sequences, which the balancer allows only while the silent rank held requests.
+    hung_rank_peer_batch: float = 1.05
+    slow_scrape_max_seconds: float = 5.0  # timed-out scrapes, answered again within this: slow, not down
     max_gpu_memory_utilization: float = 0.95
 
 

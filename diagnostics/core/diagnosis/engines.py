@@ -1,0 +1,171 @@
+"""Engines of one server side by side (data parallelism): per-engine activity, and a rank that
+stops while its peers serve.
+
+A server started with ``--data-parallel-size N`` labels every per-engine series ``engine="0"`` …
+``"N-1"``. Summed over engines, a rank that hangs only lowers the totals (half the throughput with
+two ranks), so no whole-server rule fires. It is judged here per engine, from the counters the
+frontend keeps for each (tokens, engine steps), not from the per-engine running gauge: on vLLM 0.32
+with two ranks that gauge read 0 in most scrapes while every client had a request in flight
+(``tests/integration/test_engines.py`` measures how far it can be trusted).
+
+Why a silent rank is not just an idle one: vLLM's DP load balancer
+(``vllm/v1/engine/core_client.py``, ``get_core_engine_for_request``) sends each new request to the
+engine with the fewest requests in flight, the first engine on ties. A peer can only come to decode
+two sequences at once while the silent rank has a request in flight too; so a rank that stays
+silent while a peer's steps carry more than one token each (generated tokens over engine steps;
+one sequence yields exactly one token a step without speculative decoding), or that last reported
+requests of its own, holds requests it does not serve. A rank idle because the balancer's tie-break
+gave every request to engine 0 (one client at a time) does not qualify: engine 0 then decodes one
+sequence a step. On a 2-core machine the peers of a stopped rank decoded 1.09–1.11 tokens a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from diagnostics.core.catalog import EngineKey, Snapshot
+from diagnostics.core.derive import Scrape, counter_step, restarted
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInterval:
+    """One engine's work between two scrapes (None: the engine did not carry the counter)."""
+
+    start: float
+    end: float
+    generation_tokens: float | None
+    prompt_tokens: float | None
+    steps: float | None  # engine steps (iteration_tokens observations)
+
+    @property
+    def moved(self) -> bool:
+        return bool(self.generation_tokens) or bool(self.prompt_tokens)
+
+    @property
+    def batch(self) -> float | None:
+        """Mean generated tokens per engine step: about the sequences decoded together."""
+        if not self.steps or self.generation_tokens is None:
+            return None
+        return self.generation_tokens / self.steps
+
+
+@dataclass(frozen=True, slots=True)
+class SilentRank:
+    """An engine that produced nothing for ``seconds`` while its peers served."""
+
+    engine: EngineKey
+    since: float
+    until: float
+    ongoing: bool
+    peer_generation_tokens: float
+    peer_max_batch: float | None
+    last_running: float | None  # what the engine last reported holding (its gauges then froze)
+    last_waiting: float | None
+    last_kv_cache_usage_perc: float | None
+
+    @property
+    def seconds(self) -> float:
+        return self.until - self.since
+
+
+def engine_name(engine: EngineKey) -> str:
+    """How a person names an engine: its DP index, and the model when the label carries one."""
+    model, index = engine
+    return f"engine {index or '0'}" + (f" ({model})" if model else "")
+
+
+def engines_of(ok: Sequence[tuple[Scrape, Snapshot]]) -> tuple[EngineKey, ...]:
+    """The engines whose token counters the window's scrapes carry, in label order."""
+    seen: dict[EngineKey, None] = {}
+    for _, snap in ok:
+        for key in snap.engines:
+            if snap.value("generation_tokens", key) is not None:
+                seen.setdefault(key, None)
+    return tuple(sorted(seen))
+
+
+def _step(a: Snapshot, b: Snapshot, concept: str, engine: EngineKey, restart: bool) -> float | None:
+    va, vb = a.value(concept, engine), b.value(concept, engine)
+    if va is None or vb is None:
+        return None
+    return counter_step(va, vb, restart)
+
+
+def _steps(a: Snapshot, b: Snapshot, engine: EngineKey, restart: bool) -> float | None:
+    ha, hb = a.histogram("iteration_tokens", engine), b.histogram("iteration_tokens", engine)
+    if ha is None or hb is None:
+        return None
+    return counter_step(ha.count, hb.count, restart)
+
+
+def per_engine(ok: Sequence[tuple[Scrape, Snapshot]]) -> dict[EngineKey, list[EngineInterval]]:
+    """Each engine's work per scrape interval (reset-aware, as every counter here)."""
+    out: dict[EngineKey, list[EngineInterval]] = {key: [] for key in engines_of(ok)}
+    for (sa, a), (sb, b) in zip(ok, ok[1:]):
+        restart = restarted(a, b)
+        for key, intervals in out.items():
+            intervals.append(EngineInterval(
+                sa.ts, sb.ts,
+                _step(a, b, "generation_tokens", key, restart),
+                _step(a, b, "prompt_tokens", key, restart),
+                _steps(a, b, key, restart),
+            ))
+    return out
+
+
+def silent_ranks(
+    ok: Sequence[tuple[Scrape, Snapshot]], min_seconds: float, peer_batch: float
+) -> list[SilentRank]:
+    """Ranks silent for ``min_seconds`` or more while a peer produced tokens in two or more of those
+    intervals, and either a peer's steps carried more than ``peer_batch`` tokens each meanwhile or the
+    rank last reported work of its own (see the module docstring)."""
+    work = per_engine(ok)
+    if len(work) < 2:
+        return []
+    last_ts = ok[-1][0].ts
+    snaps = {s.ts: snap for s, snap in ok}
+    found = []
+    for engine, intervals in work.items():
+        peers = [iv for key, ivs in work.items() if key != engine for iv in ivs]
+        run: list[EngineInterval] = []
+        for iv in [*intervals, None]:
+            if iv is not None and iv.generation_tokens is not None and not iv.moved:
+                run.append(iv)
+                continue
+            if run:
+                rank = _judge(engine, run, peers, snaps, last_ts, min_seconds, peer_batch, iv is None)
+                if rank is not None:
+                    found.append(rank)
+            run = []
+    return found
+
+
+def _judge(
+    engine: EngineKey,
+    run: list[EngineInterval],
+    peers: list[EngineInterval],
+    snaps: dict[float, Snapshot],
+    last_ts: float,
+    min_seconds: float,
+    peer_batch: float,
+    at_end: bool,
+) -> SilentRank | None:
+    since, until = run[0].start, run[-1].end
+    if until - since < min_seconds:
+        return None
+    during = [iv for iv in peers if since <= iv.start and iv.end <= until]
+    serving = [iv for iv in during if iv.generation_tokens]
+    if len({iv.end for iv in serving}) < 2:
+        return None  # nobody served either: the server was idle, or all of it stopped (the stall rule)
+    batches = [b for iv in serving if (b := iv.batch) is not None]
+    max_batch = max(batches) if batches else None
+    before = snaps.get(since)
+    running = before.value("num_requests_running", engine) if before is not None else None
+    waiting = before.value("num_requests_waiting", engine) if before is not None else None
+    usage = before.value("kv_cache_usage_perc", engine) if before is not None else None
+    held = (running or 0) + (waiting or 0) > 0
+    if not held and (max_batch is None or max_batch <= peer_batch):
+        return None  # the peers took one request at a time: this rank may simply have had none
+    return SilentRank(engine, since, until, at_end and until >= last_ts,
+                      sum(iv.generation_tokens or 0.0 for iv in serving), max_batch, running, waiting, usage)

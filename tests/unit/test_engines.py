@@ -1,0 +1,123 @@
+"""The hung-rank rule on hand-written two-engine windows: a rank silent while its peer batches, or
+that last reported requests, is hung; a rank left idle while its peer takes one request at a time
+is not; nothing is said when every engine is silent (that is the stall rule's) or of a single
+engine; and the real DP recordings of the corpus are judged the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from diagnostics.core.catalog import parse_snapshot
+from diagnostics.core.derive import Scrape, derive_state
+from diagnostics.core.diagnosis import diagnose, prepare
+from diagnostics.core.diagnosis.engines import per_engine, silent_ranks
+from diagnostics.core.figures import ENGINE_PANELS, engines_figure
+from diagnostics.sim.driver import Simulation
+
+ENGINE_FAMILIES = ("generation_tokens_total", "prompt_tokens_total")
+
+
+def payload(engines: Sequence[dict[str, float]]) -> str:
+    """/metrics text of a two-engine (DP) server: each engine's counters, gauges and step count."""
+    lines = []
+    for i, e in enumerate(engines):
+        lab = f'engine="{i}",model_name="m"'
+        lines += [
+            f"vllm:generation_tokens_total{{{lab}}} {e['gen']}",
+            f"vllm:prompt_tokens_total{{{lab}}} {e.get('prompt', 0.0)}",
+            f"vllm:num_requests_running{{{lab}}} {e.get('running', 0.0)}",
+            f"vllm:num_requests_waiting{{{lab}}} {e.get('waiting', 0.0)}",
+            f"vllm:kv_cache_usage_perc{{{lab}}} {e.get('usage', 0.0)}",
+            f'vllm:iteration_tokens_total_bucket{{{lab},le="+Inf"}} {e["steps"]}',
+            f"vllm:iteration_tokens_total_count{{{lab}}} {e['steps']}",
+            f"vllm:iteration_tokens_total_sum{{{lab}}} {e['gen'] + e.get('prompt', 0.0)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def window(rows: Sequence[tuple[dict[str, float], dict[str, float]]]) -> list[Scrape]:
+    return [Scrape(float(t), parse_snapshot(payload(row))) for t, row in enumerate(rows)]
+
+
+def stop_engine_1(seconds: int, peer_tokens_per_step: float, last_running: float = 0.0) -> list[Scrape]:
+    """Both engines serve 4 s; then engine 1's counters freeze for ``seconds`` while engine 0 makes
+    100 steps a second carrying ``peer_tokens_per_step`` tokens each (and admits 10 prompt tokens)."""
+    rows = []
+    e0 = {"gen": 0.0, "prompt": 0.0, "steps": 0.0}
+    e1 = {"gen": 0.0, "prompt": 0.0, "steps": 0.0}
+    for t in range(4 + seconds):
+        if t < 4:
+            e1 = {"gen": e1["gen"] + 100, "prompt": e1["prompt"] + 10, "steps": e1["steps"] + 100,
+                  "running": last_running}
+        e0 = {"gen": e0["gen"] + 100 * peer_tokens_per_step, "prompt": e0["prompt"] + 10,
+              "steps": e0["steps"] + 100}
+        rows.append((dict(e0), dict(e1)))
+    return window(rows)
+
+
+def test_a_rank_silent_while_its_peer_batches_is_hung() -> None:
+    ranks = silent_ranks([(s, s.snapshot) for s in stop_engine_1(8, 1.5)], min_seconds=5.0, peer_batch=1.05)
+    assert len(ranks) == 1
+    rank = ranks[0]
+    # Engine 1 last moved between t=2 and t=3 (its counters equal from t=3 on): silent 3 → 11.
+    assert rank.engine == ("m", "1") and (rank.since, rank.until) == (3.0, 11.0) and rank.ongoing
+    assert rank.peer_generation_tokens == 8 * 150 and rank.peer_max_batch == 1.5
+
+
+def test_a_rank_that_reported_running_requests_is_hung_even_if_its_peer_does_not_batch() -> None:
+    ranks = silent_ranks([(s, s.snapshot) for s in stop_engine_1(8, 1.0, last_running=3)], 5.0, 1.05)
+    assert [r.engine for r in ranks] == [("m", "1")] and ranks[0].last_running == 3
+
+
+def test_an_idle_rank_beside_a_peer_serving_one_request_at_a_time_is_not_hung() -> None:
+    # One token a step: one sequence at a time, which the balancer sends to engine 0 on ties.
+    assert silent_ranks([(s, s.snapshot) for s in stop_engine_1(8, 1.0)], 5.0, 1.05) == []
+
+
+def test_a_silence_shorter_than_the_threshold_is_not_reported() -> None:
+    assert silent_ranks([(s, s.snapshot) for s in stop_engine_1(4, 2.0)], 5.0, 1.05) == []
+
+
+def test_every_engine_silent_is_not_a_hung_rank() -> None:
+    still = {"gen": 500.0, "prompt": 50.0, "steps": 400.0, "running": 2.0}
+    scrapes = window([(dict(still), dict(still))] * 10)
+    assert silent_ranks([(s, s.snapshot) for s in scrapes], 5.0, 1.05) == []
+
+
+def test_per_engine_steps_and_batch_are_counted_per_interval() -> None:
+    work = per_engine([(s, s.snapshot) for s in stop_engine_1(2, 1.5)])
+    first = work[("m", "0")][0]
+    assert (first.generation_tokens, first.steps, first.batch) == (150.0, 100.0, 1.5)
+    assert work[("m", "1")][4].moved is False and work[("m", "1")][1].moved is True
+
+
+def test_the_diagnosis_names_the_engine_and_gives_no_tuning_advice() -> None:
+    findings = diagnose(prepare(stop_engine_1(8, 1.5, last_running=2)))
+    hung = [f for f in findings if f.id == "hung_rank"]
+    assert findings[0].id == "hung_rank" and findings[0].severity == "critical"
+    assert hung[0].evidence["engine"] == "1" and hung[0].evidence["last_num_requests_running"] == 2
+    assert hung[0].suggestions == () and "EngineCore_DP1" in hung[0].checks[0]
+    assert "Hung rank: engine 1 (m)" in hung[0].title and "(ongoing)" in hung[0].title
+
+
+def test_derived_state_and_engine_charts_split_by_engine() -> None:
+    scrapes = stop_engine_1(8, 1.5)
+    state = derive_state(scrapes, 4.0)  # the last 4 s: engine 1 silent, engine 0 at 150 tok/s
+    rates = {e.engine: e.generation_tokens_rate for e in state.engines}
+    assert rates == {"0": 100 * 1.5, "1": 0.0}  # 100 steps a second of 1.5 tokens
+    for concept, title, unit, kind in ENGINE_PANELS:
+        fig = engines_figure(scrapes, concept, title, unit, kind)
+        assert fig is not None and [t.name for t in fig.data] == ["engine 0", "engine 1"]
+
+
+def test_one_engine_has_no_engines_panel_or_rows() -> None:
+    scrapes = [Scrape(t, parse_snapshot(text)) for t, text in Simulation("healthy").run_for(5)]
+    assert derive_state(scrapes).engines == ()
+    assert engines_figure(scrapes, *ENGINE_PANELS[0]) is None
+
+
+def test_the_simulated_hung_rank_freezes_one_engines_counters_only() -> None:
+    scrapes = [Scrape(t, parse_snapshot(text)) for t, text in Simulation("hung_rank").run_for(40)]
+    late = scrapes[25:]  # the rank stops 20 s in
+    gen = {k: [s.snapshot.value("generation_tokens", ("sim-llama-3.1-8b", k)) for s in late] for k in ("0", "1")}
+    assert len(set(gen["1"])) == 1 and gen["0"][-1] > gen["0"][0]
