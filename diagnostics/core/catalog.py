@@ -75,6 +75,30 @@ RATIOS: dict[str, tuple[str, str]] = {
 MEAN_CONCEPTS = frozenset({"kv_cache_usage_perc", "cpu_cache_usage_perc", "gpu_prefix_cache_hit_rate"})
 
 CACHE_CONFIG = "vllm:cache_config_info"
+LORA_INFO = "vllm:lora_requests_info"
+
+
+@dataclass(frozen=True, slots=True)
+class LoraInfo:
+    """``vllm:lora_requests_info`` (only with ``--enable-lora``): the adapter budget and which adapters
+    run and wait. vLLM sets the current adapters as labels and the time as the value, and keeps
+    exporting older label sets, so the series with the newest value is the current one."""
+
+    max_lora: int | None
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[Sample]) -> LoraInfo | None:
+        newest = max(samples, key=lambda s: s.value, default=None)
+        if newest is None:
+            return None
+        labels = newest.labels
+
+        def names(key: str) -> tuple[str, ...]:
+            return tuple(sorted(n for n in labels.get(key, "").split(",") if n))
+
+        return cls(_as_int(labels.get("max_lora")), names("running_lora_adapters"), names("waiting_lora_adapters"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +196,7 @@ class Snapshot:
     values: array[float]
     cache_config: CacheConfig | None
     process_start_time_seconds: float | None = None
+    lora: LoraInfo | None = None
 
     @property
     def spellings(self) -> Mapping[str, str]:
@@ -347,7 +372,8 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> Snapshot:
     if info:
         engine0 = min(info, key=lambda s: s.labels.get("engine", ""))
         cache_config = _shared_config(engine0.labels)
-    return Snapshot(_layout(tuple(shape), cache_config is not None), values, cache_config, process_start)
+    lora = LoraInfo.from_samples(names[LORA_INFO]) if LORA_INFO in names else None
+    return Snapshot(_layout(tuple(shape), cache_config is not None), values, cache_config, process_start, lora)
 
 
 _LAYOUTS: dict[tuple[tuple[object, ...], bool], Layout] = {}

@@ -176,6 +176,20 @@ def queue_figure(history: Sequence[Scrape], max_num_seqs: int | None) -> go.Figu
         fig.add_trace(
             go.Scatter(x=_times(waiting.ts), y=waiting.values, name="waiting", mode="lines", line={"color": "#ff7f0e"})
         )
+    rejected = increase_events(history, _total_of("admission_rejections"))
+    if rejected.ts:
+        # Turned away at the queue limit (HTTP 503): marked where they happened, at the queue's height.
+        fig.add_trace(
+            go.Scatter(
+                x=_times(rejected.ts),
+                y=[_waiting_at(history, t) for t in rejected.ts],
+                name="rejected (HTTP 503)",
+                mode="markers",
+                marker={"symbol": "x", "size": 10, "color": "#d62728"},
+                customdata=rejected.values,
+                hovertemplate="%{customdata:.0f} rejected by a queue limit<extra></extra>",
+            )
+        )
     swapped = gauge_series(history, lambda s: s.value("num_requests_swapped"))
     if _has_values(swapped):
         fig.add_trace(go.Scatter(x=_times(swapped.ts), y=swapped.values, name="swapped (V0)", mode="lines"))
@@ -188,6 +202,19 @@ def queue_figure(history: Sequence[Scrape], max_num_seqs: int | None) -> go.Figu
             annotation_position="top left",
         )
     return _layout(fig, "Queue depth", "requests", yaxis_rangemode="tozero")
+
+
+def _total_of(concept: str) -> Callable[[Snapshot], float | None]:
+    """A labelled counter summed over its labels (None when the server does not export it)."""
+    def pick(snap: Snapshot) -> float | None:
+        values = snap.by_label(concept)
+        return None if values is None else sum(values.values())
+    return pick
+
+
+def _waiting_at(history: Sequence[Scrape], ts: float) -> float:
+    snap = next((s.snapshot for s in history if s.ts == ts and s.snapshot is not None), None)
+    return (snap.value("num_requests_waiting") or 0.0) if snap is not None else 0.0
 
 
 def latency_figure(history: Sequence[Scrape], concept: str, window_seconds: float) -> go.Figure | None:

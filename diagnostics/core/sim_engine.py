@@ -59,6 +59,8 @@ class EngineConfig:
     kv_dtype_bytes: float = 2.0
     weight_dtype_bytes: float = 2.0
     served_model_name: str = "sim-llama-3.1-8b"
+    max_loras: int = 0  # --max-loras (0: LoRA off); adapters beyond it wait ("deferred")
+    max_num_queued_reqs: int | None = None  # --max-num-queued-reqs: more waiting than this is rejected
 
     def resolved_num_gpu_blocks(self) -> int:
         if self.num_gpu_blocks:
@@ -85,6 +87,7 @@ class SimRequest:
     prefix_looked_up: bool = False
     finished_reason: str | None = None
     on_token: Callable[[SimRequest], None] | None = None
+    lora: str | None = None  # the LoRA adapter the request names
 
 
 @dataclass(slots=True)
@@ -105,6 +108,9 @@ class StepStats:
     itl: list[float] = field(default_factory=list)
     itl_weighted: list[tuple[float, int]] = field(default_factory=list)  # (value, how many observations)
     iteration_tokens_steps: int = 1  # how many identical steps ``iteration_tokens`` stands for
+    num_waiting_deferred: int = 0  # waiting for a LoRA slot, not for capacity
+    running_loras: tuple[str, ...] = ()
+    waiting_loras: tuple[str, ...] = ()
     finished: list[SimRequest] = field(default_factory=list)
 
 
@@ -128,7 +134,7 @@ class SimEngine:
     # -- requests ------------------------------------------------------------------------------
 
     def add_request(self, prompt_token_ids: list[int], max_tokens: int, n: int = 1,
-                    on_token: Callable[[SimRequest], None] | None = None) -> list[SimRequest]:
+                    on_token: Callable[[SimRequest], None] | None = None, lora: str | None = None) -> list[SimRequest]:
         """A new request (``n`` children for parallel sampling); prompts longer than max_model_len are cut."""
         prompt = prompt_token_ids[: max(1, self.config.max_model_len - max_tokens)]
         self._ids += 1
@@ -136,10 +142,30 @@ class SimEngine:
         out = []
         for i in range(n):
             rid = parent if n == 1 else f"{parent}-{i}"
-            sim = SimRequest(Request(rid, list(prompt)), max_tokens, self.now, n=n, parent=parent, on_token=on_token)
+            sim = SimRequest(Request(rid, list(prompt)), max_tokens, self.now, n=n, parent=parent, on_token=on_token,
+                             lora=lora)
             self.waiting.append(sim)
             out.append(sim)
         return out
+
+    def admits(self) -> bool:
+        """Whether the frontend accepts one more request (``--max-num-queued-reqs``)."""
+        limit = self.config.max_num_queued_reqs
+        return limit is None or len(self.waiting) < limit
+
+    def _lora_blocked(self, sim: SimRequest, active: set[str]) -> bool:
+        """An adapter that would exceed ``--max-loras`` in this batch (vLLM's scheduler skips it)."""
+        cap = self.config.max_loras
+        return bool(sim.lora and cap and sim.lora not in active and len(active) >= cap)
+
+    def _queue_stats(self, stats: StepStats) -> None:
+        """The gauges at the end of a step, waiting split by reason as ``SchedulerStats`` does."""
+        active = {s.lora for s in self.running if s.lora}
+        stats.num_running, stats.num_waiting, stats.kv_cache_usage_perc = (
+            len(self.running), len(self.waiting), self.kv.usage)
+        stats.num_waiting_deferred = sum(1 for s in self.waiting if self._lora_blocked(s, active))
+        stats.running_loras = tuple(sorted(active))
+        stats.waiting_loras = tuple(sorted({s.lora for s in self.waiting if s.lora}))
 
     # -- cost model ----------------------------------------------------------------------------
 
@@ -195,8 +221,13 @@ class SimEngine:
             if id(sim) not in preempted:
                 scheduled.append((sim, num_new))
                 budget -= num_new
+        active = {s.lora for s in self.running if s.lora}
+        skipped: list[SimRequest] = []
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             sim = self.waiting[0]
+            if self._lora_blocked(sim, active):
+                skipped.append(self.waiting.popleft())  # deferred: the next request may fit
+                continue
             req = sim.request
             computed: list = []
             if not sim.prefix_looked_up:
@@ -212,13 +243,15 @@ class SimEngine:
             sim.prefix_looked_up = True
             self.waiting.popleft()
             self.running.append(sim)
+            if sim.lora:
+                active.add(sim.lora)
             if sim.scheduled_at is None:
                 sim.scheduled_at = self.now
             scheduled.append((sim, num_new))
             budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
         if not scheduled:
-            stats.num_running, stats.num_waiting, stats.kv_cache_usage_perc = (
-                len(self.running), len(self.waiting), self.kv.usage)
+            self._queue_stats(stats)
             return stats
         prefill = sum(n for sim, n in scheduled if sim.request.num_computed_tokens < sim.request.num_prompt_tokens)
         context = sum(sim.request.num_computed_tokens for sim, _ in scheduled)
@@ -235,8 +268,7 @@ class SimEngine:
             self._emit_token(sim, stats)
         if stats.finished:
             self.running = [sim for sim in self.running if sim.finished_reason is None]
-        stats.num_running, stats.num_waiting, stats.kv_cache_usage_perc = (
-            len(self.running), len(self.waiting), self.kv.usage)
+        self._queue_stats(stats)
         stats.now = self.now
         return stats
 
@@ -335,8 +367,7 @@ class SimEngine:
         stats.iteration_tokens_steps = k
         stats.itl_weighted = [(step, batch) for step in times]
         stats.now = self.now
-        stats.num_running, stats.num_waiting, stats.kv_cache_usage_perc = (
-            len(self.running), len(self.waiting), self.kv.usage)
+        self._queue_stats(stats)
         return stats
 
     def idle(self) -> bool:

@@ -23,6 +23,7 @@ class Workload:
     shared_prefix_tokens: int = 0  # a system prompt every request starts with
     long_prompt_every_s: float = 0.0  # head-of-line: one long prompt every so often
     long_prompt_tokens: int = 0
+    lora_adapters: int = 0  # each request names one of this many LoRA adapters (0: the base model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              Workload(rate_per_s=8.0, prompt_tokens=32, output_tokens=250), itl_budget_ms=50.0),
     Scenario("stall", "Silent stall", "the engine stops producing tokens while /metrics still answers",
              "silent_stall", BASE, Workload(rate_per_s=4.0), stall=True),
+    Scenario("lora_deferred", "Requests waiting for a LoRA slot", "4 adapters, --max-loras 1: requests wait "
+             "'deferred' while the KV cache and the batch have room", "waiting_deferred",
+             replace(BASE, max_loras=1), Workload(rate_per_s=6.0, output_tokens=150, lora_adapters=4)),
+    Scenario("admission_limit", "Admission rejections", "--max-num-seqs 8 and --max-num-queued-reqs 16: a burst "
+             "beyond them is turned away with HTTP 503", "admission_rejected",
+             replace(BASE, max_num_seqs=8, max_num_queued_reqs=16),
+             Workload(rate_per_s=0.0, burst_size=40, burst_every_s=15.0, output_tokens=150)),
     Scenario("data_parallel", "Two engines side by side", "--data-parallel-size 2, load balanced across both",
              "", BASE, Workload(rate_per_s=8.0, shared_prefix_tokens=256), data_parallel_size=2),
     Scenario("hung_rank", "Hung data-parallel rank", "engine 1 of 2 stops; engine 0 serves alone, the totals halve",
@@ -90,21 +98,27 @@ class WorkloadGenerator:
         base = self._rng.randrange(1 << 40)
         return self._prefix + list(range(base, base + max(1, tokens - len(self._prefix))))
 
-    def due(self, now: float) -> list[tuple[list[int], int, int]]:
-        """``(prompt, max_tokens, n)`` of every request that arrived by ``now``."""
+    def _lora(self) -> str | None:
+        count = self.workload.lora_adapters
+        return f"adapter-{self._rng.randrange(count)}" if count else None
+
+    def due(self, now: float) -> list[tuple[list[int], int, int, str | None]]:
+        """``(prompt, max_tokens, n, LoRA adapter)`` of every request that arrived by ``now``."""
         w = self.workload
         out = []
         if w.rate_per_s > 0:
             while self._next <= now:
-                out.append((self._prompt(self._length(w.prompt_tokens)), self._length(w.output_tokens), w.n))
+                out.append((self._prompt(self._length(w.prompt_tokens)), self._length(w.output_tokens), w.n,
+                            self._lora()))
                 gap = 1 / w.rate_per_s if w.arrival == "steady" else self._rng.expovariate(w.rate_per_s)
                 self._next += gap
         if w.burst_size and self._next_burst <= now:
             for _ in range(w.burst_size):
-                out.append((self._prompt(self._length(w.prompt_tokens)), self._length(w.output_tokens), w.n))
+                out.append((self._prompt(self._length(w.prompt_tokens)), self._length(w.output_tokens), w.n,
+                            self._lora()))
             self._next_burst += w.burst_every_s
         if self._next_long is not None and self._next_long <= now:
-            out.append((self._prompt(w.long_prompt_tokens), 4, 1))
+            out.append((self._prompt(w.long_prompt_tokens), 4, 1, None))
             self._next_long += w.long_prompt_every_s
         return out
 

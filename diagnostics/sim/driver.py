@@ -58,9 +58,16 @@ class Simulation:
             return self.metrics.text()
 
     def add_request(self, prompt: list[int], max_tokens: int, n: int = 1,
-                    on_token: Callable[[SimRequest], None] | None = None) -> list[SimRequest]:
+                    on_token: Callable[[SimRequest], None] | None = None,
+                    lora: str | None = None) -> list[SimRequest] | None:
+        """The request's sequences, or None when the frontend turns it away (``--max-num-queued-reqs``:
+        vLLM answers HTTP 503 and counts it in ``admission_rejections_total``)."""
         with self.lock:
-            return self.engines[pick_engine(self.engines)].add_request(prompt, max_tokens, n, on_token)
+            engine = self.engines[pick_engine(self.engines)]
+            if not engine.admits():
+                self.metrics.reject("max_num_queued_reqs")
+                return None
+            return engine.add_request(prompt, max_tokens, n, on_token, lora)
 
     # -- stepping ------------------------------------------------------------------------------
 
@@ -78,8 +85,8 @@ class Simulation:
                 engine = self.engines[index]
                 if engine.now >= target:
                     return
-                for prompt, max_tokens, n in self.generator.due(engine.now):
-                    self.engines[pick_engine(self.engines)].add_request(prompt, max_tokens, n)
+                for prompt, max_tokens, n, lora in self.generator.due(engine.now):
+                    self.add_request(prompt, max_tokens, n, lora=lora)
                 engine.stalled = self._stalled(index, engine)
                 if engine.idle() or engine.stalled:
                     nxt = min(self.generator.next_arrival(), target)

@@ -93,6 +93,17 @@ class SimMetrics:
             "block_size", "cache_dtype", "enable_prefix_caching", "engine", "gpu_memory_utilization",
             "num_gpu_blocks", "num_gpu_blocks_override", "kv_cache_size_tokens", "kv_cache_memory_bytes"],
             registry=r)
+        self.rejections = Counter("vllm:admission_rejections", "Number of admission attempts rejected by a queue "
+                                  "limit, by reason.", ["model_name", "reason"], registry=r)
+        for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            self.rejections.labels(model_name=config.served_model_name, reason=reason)
+        self._model = config.served_model_name
+        # vLLM sets the current adapters as labels and the wall time as the value; older label
+        # combinations stay exported, so the newest value says which is current.
+        self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+                               ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=r) \
+            if config.max_loras else None
+        self._max_lora = config.max_loras
         # One set of series per data-parallel engine, labelled engine="0", "1", … as vLLM does.
         self._labels = [{"model_name": config.served_model_name, "engine": str(i)} for i in range(num_engines)]
         self._children: list[dict[str, Any]] = []
@@ -111,6 +122,7 @@ class SimMetrics:
             self._children.append({
                 "running": self.running.labels(**lab), "waiting": self.waiting.labels(**lab),
                 "waiting_capacity": self.waiting_by_reason.labels(**lab, reason="capacity"),
+                "waiting_deferred": self.waiting_by_reason.labels(**lab, reason="deferred"),
                 "kv": self.kv_usage.labels(**lab), "queries": self.queries.labels(**lab),
                 "hits": self.hits.labels(**lab), "preemptions": self.preemptions.labels(**lab),
                 "prompt": self.prompt_tokens.labels(**lab), "generation": self.generation_tokens.labels(**lab),
@@ -123,7 +135,11 @@ class SimMetrics:
         c = self._children[engine]
         c["running"].set(stats.num_running)
         c["waiting"].set(stats.num_waiting)
-        c["waiting_capacity"].set(stats.num_waiting)
+        c["waiting_capacity"].set(stats.num_waiting - stats.num_waiting_deferred)
+        c["waiting_deferred"].set(stats.num_waiting_deferred)
+        if self.lora_info is not None:
+            self.lora_info.labels(max_lora=str(self._max_lora), waiting_lora_adapters=",".join(stats.waiting_loras),
+                                  running_lora_adapters=",".join(stats.running_loras)).set(stats.now)
         c["kv"].set(stats.kv_cache_usage_perc)
         if stats.prefix_queries:
             c["queries"].inc(stats.prefix_queries)
@@ -155,6 +171,10 @@ class SimMetrics:
             self.req_gen.labels(**lab).observe(sim.num_output)
             if sim.parent is None or sim.request.request_id in (sim.parent, f"{sim.parent}-0"):
                 self.params_n.labels(**lab).observe(sim.n)
+
+    def reject(self, reason: str) -> None:
+        """A request the frontend turned away (no engine label, as in vLLM)."""
+        self.rejections.labels(model_name=self._model, reason=reason).inc()
 
     def text(self) -> str:
         return generate_latest(self.registry).decode("utf-8")

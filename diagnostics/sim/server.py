@@ -126,6 +126,11 @@ class _Handler(BaseHTTPRequestHandler):
                         done.set()
 
         reqs = self.sim.add_request(_prompt_ids(prompt), max_tokens, n, on_token)
+        if reqs is None:
+            self._json(503, {"error": {"message": "The server is overloaded: the queue limit "
+                                                  "(--max-num-queued-reqs) was reached.", "type": "ServiceUnavailable",
+                                       "code": 503}})
+            return
         rid = f"cmpl-{uuid.uuid4().hex[:16]}"
         model = self.sim.scenario.config.served_model_name
         if body.get("stream"):

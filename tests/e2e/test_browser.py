@@ -160,3 +160,19 @@ def test_a_real_hung_rank_shows_engines_side_by_side_and_is_named(page: Page, st
     expect(page.get_by_text("EngineCore_DP1").first).to_be_visible()
     page.wait_for_timeout(1000)
     shoot(page, "diagnose-hung-rank.png")
+
+
+def test_rejections_are_marked_on_the_queue_and_deferred_waiting_names_max_loras(page: Page, streamlit_url: str) -> None:
+    incidents = ROOT / "tests" / "fixtures" / "incidents"
+    page.goto(streamlit_url + "/Replay")
+    expect(page.get_by_text("Upload a recording").first).to_be_visible(timeout=30_000)
+    page.locator('input[type="file"]').set_input_files(str(incidents / "admission_queued_reqs.jsonl.gz"))
+    queue = page.locator(".js-plotly-plot", has_text="Queue depth")
+    expect(queue.get_by_text("rejected (HTTP 503)")).to_have_count(1, timeout=30_000)
+    page.wait_for_timeout(1500)
+    shoot(page, "replay-admission-rejections.png")
+    _diagnose_recording(page, streamlit_url, incidents / "deferred_lora.jsonl.gz")
+    expect(page.get_by_text("Requests wait for a LoRA slot").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("--max-loras 2").first).to_be_visible()
+    page.wait_for_timeout(1000)
+    shoot(page, "diagnose-deferred-lora.png")

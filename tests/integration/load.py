@@ -90,9 +90,10 @@ class Clients:
 
 
 def request(url: str, clients: Clients, *, prompt: str, max_tokens: int, n: int = 1, stream: bool = False,
-            timeout: float = 300.0) -> None:
-    """One completion (``ignore_eos``: exactly ``max_tokens``); streaming requests log token gaps."""
-    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "n": n, "ignore_eos": True,
+            timeout: float = 300.0, model: str = SERVED_NAME) -> None:
+    """One completion (``ignore_eos``: exactly ``max_tokens``); streaming requests log token gaps.
+    ``model`` may name a LoRA adapter the server was started with."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "n": n, "ignore_eos": True,
             "stream": stream}
     status = -1
     gaps: list[tuple[float, float]] = []

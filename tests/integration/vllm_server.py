@@ -20,6 +20,7 @@ import httpx
 
 DEFAULT_VLLM_PYTHON = Path.home() / ".cache" / "vllm-triage" / "vllm-venv" / "bin" / "python"
 MODEL_BUILDER = Path(__file__).resolve().parents[1] / "fixtures" / "make_tiny_model.py"
+LORA_BUILDER = Path(__file__).resolve().parents[1] / "fixtures" / "make_tiny_lora.py"
 SERVED_NAME = "tiny"
 START_TIMEOUT_SECONDS = 300.0
 
@@ -45,6 +46,13 @@ def build_tiny_model(out: Path, shape: str = "tiny") -> Path:
     ``tokenizers``."""
     if not (out / "config.json").exists():
         subprocess.run([str(vllm_python()), str(MODEL_BUILDER), str(out), shape], check=True, capture_output=True)
+    return out
+
+
+def build_tiny_lora(out: Path) -> Path:
+    """A LoRA adapter directory for the "tiny" model (see ``make_tiny_lora.py``)."""
+    if not (out / "adapter_config.json").exists():
+        subprocess.run([str(vllm_python()), str(LORA_BUILDER), str(out)], check=True, capture_output=True)
     return out
 
 

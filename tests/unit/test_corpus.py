@@ -22,7 +22,8 @@ def test_the_diagnosis_matches_the_label(case: Case) -> None:
 
 def test_the_corpus_has_two_recordings_per_class_and_several_healthy_ones() -> None:
     per_class = Counter(label["class"] for label in labels().values())
-    for incident in ("queue_at_cap", "kv_pressure", "sharing_off", "head_of_line", "slow_decode", "stall", "outage"):
+    for incident in ("queue_at_cap", "kv_pressure", "sharing_off", "head_of_line", "slow_decode", "stall", "outage",
+                     "hung_rank", "admission", "deferred"):
         assert per_class[incident] >= 2, per_class
     assert per_class["healthy"] >= 3
     assert len({label["shape"] for label in labels().values()}) >= 3
@@ -34,6 +35,8 @@ def test_every_labelled_run_showed_its_condition_to_the_clients(name: str) -> No
     check the recorder applied before it kept the recording (``Case.shows``)."""
     label = labels()[name]
     assert label["clients"]["requests"] > 0
-    if label["class"] not in ("outage", "stall"):
+    if label["class"] == "admission":
+        assert label["clients"]["failed"] > 0, label["clients"]  # the 503s are the incident
+    elif label["class"] not in ("outage", "stall"):
         assert label["clients"]["failed"] == 0, label["clients"]
     assert record.BY_NAME[name].shows(label), (name, label["clients"])

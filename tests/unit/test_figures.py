@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from diagnostics.core import figures
 from diagnostics.core.catalog import parse_snapshot
 from diagnostics.core.gpu import GpuMemory
+from diagnostics.recording import read_recording
 from tests.conftest import fixture_text
 from tests.unit.synth import scrape
+
+INCIDENTS = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
 
 
 def test_gpu_memory_figure_shows_total_used_pool_and_the_utilization_line() -> None:
@@ -35,3 +40,14 @@ def test_preemptions_are_marked_on_the_kv_chart() -> None:
     history = [scrape(float(t), usage=0.99, preempt=3 * (t >= 2)) for t in range(4)]
     fig = figures.kv_usage_figure(history, None)
     assert fig is not None and fig.data[1].name == "preemptions" and list(fig.data[1].customdata) == [3.0]
+
+
+def test_queue_chart_marks_admission_rejections_as_many_as_the_clients_got_503s() -> None:
+    from tests.fixtures.incidents.corpus import labels
+
+    name = "admission_queued_reqs"
+    history = read_recording(INCIDENTS / f"{name}.jsonl.gz").scrapes()
+    fig = figures.queue_figure(history, 4)
+    assert fig is not None
+    marks = [t for t in fig.data if t.name == "rejected (HTTP 503)"]
+    assert len(marks) == 1 and sum(marks[0].customdata) == labels()[name]["clients"]["failed"]

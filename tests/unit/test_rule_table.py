@@ -95,7 +95,8 @@ def _contexts() -> dict[str, Context]:
         "itl_budget_unset": prepare(slow),
         "sharing_disabled": prepare(sampled),
         "absent": prepare(bare),
-        "hung_rank": prepare([Scrape(ts, parse_snapshot(t)) for ts, t in Simulation("hung_rank").run_for(40)]),
+        **{name: prepare([Scrape(ts, parse_snapshot(t)) for ts, t in Simulation(name).run_for(40)])
+           for name in ("hung_rank", "lora_deferred", "admission_limit")},
         "real_recording": prepare(recording.scrapes(), info=recording.info(), budgets=Budgets(itl_ms=1, ttft_ms=1)),
     }
     for log in FIXTURES.glob("log-*.txt"):
@@ -128,4 +129,4 @@ def test_the_sample_windows_make_every_row_but_one_speak() -> None:
 
 def test_rules_that_give_queue_capacity_or_latency_advice_do_not_run_while_tokens_stopped() -> None:
     skipped = {rule.id for rule in RULES if not rule.while_tokens_stopped}
-    assert skipped == {"kv_pressure", "queue_at_cap", "slow_decode", "ttft"}
+    assert skipped == {"kv_pressure", "queue_at_cap", "slow_decode", "ttft", "waiting_deferred", "admission_rejected"}

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from diagnostics.core.catalog import parse_snapshot
+from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import (
     Budgets,
     Finding,
@@ -519,8 +521,10 @@ def test_a_scrape_that_timed_out_once_is_a_slow_server_not_an_outage() -> None:
     findings = diagnose(prepare(history))
     assert "server_down" not in [f.id for f in findings]
     slow = [f for f in findings if f.id == "scrapes_slow"]
-    assert len(slow) == 1 and slow[0].severity == "warning"
+    assert len(slow) == 1 and slow[0].severity == "warning"  # three late answers: a frontend falling behind
     assert slow[0].evidence["failed_scrapes"] == 3 and slow[0].evidence["episodes"] == 2
+    once = steady(5) + [down(5.0, TIMEOUT)] + [scrape(float(t), gen=100 * t) for t in range(6, 10)]
+    assert [(f.id, f.severity) for f in diagnose(prepare(once)) if f.id == "scrapes_slow"] == [("scrapes_slow", "info")]
     assert slow[0].time_range == (5.0, 11.0)
 
 
@@ -531,3 +535,61 @@ def test_timeouts_that_last_or_are_still_going_are_an_outage() -> None:
     for history in (long_run, ongoing, refused):
         ids = [f.id for f in diagnose(prepare(history))]
         assert "server_down" in ids and "scrapes_slow" not in ids, ids
+
+
+def _queue_payload(t: float, *, running: float = 4, deferred: float = 0, capacity: float = 0, usage: float = 0.1,
+                   rejected: float = 0, lora: tuple[str, str] | None = None) -> Scrape:
+    lab = 'engine="0",model_name="m"'
+    text = (f"vllm:generation_tokens_total{{{lab}}} {100 * t}\n"
+            f"vllm:num_requests_running{{{lab}}} {running}\n"
+            f"vllm:num_requests_waiting{{{lab}}} {deferred + capacity}\n"
+            f'vllm:num_requests_waiting_by_reason{{{lab},reason="capacity"}} {capacity}\n'
+            f'vllm:num_requests_waiting_by_reason{{{lab},reason="deferred"}} {deferred}\n'
+            f"vllm:kv_cache_usage_perc{{{lab}}} {usage}\n"
+            f'vllm:admission_rejections_total{{model_name="m",reason="max_num_queued_reqs"}} {rejected}\n')
+    if lora is not None:
+        # An older label set stays exported with an older time: the newest one is current.
+        text += ('vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 5.0\n'
+                 f'vllm:lora_requests_info{{max_lora="1",running_lora_adapters="{lora[0]}",'
+                 f'waiting_lora_adapters="{lora[1]}"}} {1000 + t}\n')
+    return Scrape(t, parse_snapshot(text))
+
+
+def test_requests_deferred_for_lora_slots_say_raise_max_loras() -> None:
+    history = [_queue_payload(float(t), deferred=5 if 2 <= t <= 7 else 0, lora=("a", "b,c")) for t in range(10)]
+    found = [f for f in diagnose(prepare(history)) if f.id == "waiting_deferred"]
+    assert len(found) == 1 and found[0].time_range == (2.0, 7.0)
+    # Adapters a (running), b and c (waiting) named while one fits: three slots.
+    assert [(s.flag, s.direction, s.value) for s in found[0].suggestions] == [("--max-loras", "increase", 3)]
+    assert found[0].evidence["adapters_waiting"] == ["b", "c"] and found[0].evidence["max_lora"] == 1
+    assert "queue_at_cap" not in [f.id for f in diagnose(prepare(history))]  # nobody waited for capacity
+
+
+def test_deferred_without_lora_points_at_kv_transfer_and_short_deferral_is_quiet() -> None:
+    history = [_queue_payload(float(t), deferred=3 if 2 <= t <= 7 else 0) for t in range(10)]
+    found = [f for f in diagnose(prepare(history)) if f.id == "waiting_deferred"]
+    assert len(found) == 1 and found[0].suggestions == () and "KV connector" in found[0].checks[0]
+    brief = [_queue_payload(float(t), deferred=3 if 2 <= t <= 3 else 0) for t in range(10)]
+    assert "waiting_deferred" not in [f.id for f in diagnose(prepare(brief))]
+
+
+@pytest.mark.parametrize(("running", "usage", "flag"), [
+    (4, 0.10, "--max-num-seqs"),  # at the cap with memory to spare: the batch
+    (4, 0.97, "--gpu-memory-utilization"),  # the KV cache full: more KV capacity, never a larger batch
+    (2, 0.10, "--max-num-queued-reqs"),  # neither: the limit itself
+])
+def test_admission_rejections_name_the_limit_and_what_would_serve_them(running: float, usage: float, flag: str) -> None:
+    history = [_queue_payload(float(t), running=running, capacity=2, usage=usage, rejected=0 if t < 3 else 10)
+               for t in range(8)]
+    findings = diagnose(prepare(history, max_num_seqs=4))
+    found = [f for f in findings if f.id == "admission_rejected"]
+    assert len(found) == 1 and found[0].evidence["admission_rejections"] == {"max_num_queued_reqs": 10.0}
+    assert found[0].time_range == (2.0, 3.0) and "--max-num-queued-reqs" in found[0].title
+    assert found[0].suggestions[0].flag == flag and found[0].suggestions[0].direction == "increase"
+    if flag != "--max-num-seqs":
+        assert "--max-num-seqs" not in [s.flag for s in found[0].suggestions]
+
+
+def test_no_rejection_no_admission_finding() -> None:
+    history = [_queue_payload(float(t), capacity=2) for t in range(8)]
+    assert "admission_rejected" not in [f.id for f in diagnose(prepare(history, max_num_seqs=4))]

@@ -38,8 +38,8 @@ def test_scheduler_keeps_the_allocator_consistent_every_step() -> None:
     (engine,), generator = make_engines(SCENARIOS["kv_pressure"])
     preempted = 0
     while engine.now < 20:
-        for prompt, max_tokens, n in generator.due(engine.now):
-            engine.add_request(prompt, max_tokens, n)
+        for prompt, max_tokens, n, lora in generator.due(engine.now):
+            engine.add_request(prompt, max_tokens, n, lora=lora)
         stats = engine.step()
         preempted += stats.num_preemptions
         engine.kv.check_invariants()

@@ -84,6 +84,25 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         "seed: the few flags that matter",
     ),
     KnobRow(
+        "deferred",
+        "Requests wait 'deferred' (LoRA slots, KV transfer) while the batch and KV cache have room",
+        "--max-loras when the waiting adapters exceed it (each slot costs adapter memory); with disaggregated "
+        "serving, the KV connector and the prefill side; never --max-num-seqs",
+        ("--max-loras",),
+        "max-loras ↑",
+        "observable surface (num_requests_waiting_by_reason, lora_requests_info)",
+    ),
+    KnobRow(
+        "admission",
+        "Requests rejected with HTTP 503 by a queue limit",
+        "Which limit (--max-num-queued-reqs / --max-num-queued-tokens) and why the queue filled: the batch cap "
+        "(--max-num-seqs ↑), a full KV cache (more KV capacity), or the limit itself (↑ only if clients would "
+        "rather wait)",
+        ("--max-num-queued-reqs", "--max-num-queued-tokens", "--max-num-seqs"),
+        "capacity ↑, or the limit ↑",
+        "vllm/config/scheduler.py; observable surface (admission_rejections_total)",
+    ),
+    KnobRow(
         "ttft-queue",
         "TTFT over budget, mostly queue time",
         "A capacity problem: more concurrent sequences if KV has room (--max-num-seqs ↑), else more KV capacity",

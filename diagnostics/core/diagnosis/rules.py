@@ -17,10 +17,12 @@ from diagnostics.core.catalog import Histogram
 from diagnostics.core.derive import (
     Quantile,
     count_above,
+    counter_step,
     histogram_delta,
     histogram_quantile,
     merge_histograms,
     quantile_estimate,
+    restarted,
 )
 from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.engines import engine_name, silent_ranks
@@ -139,9 +141,11 @@ def _slow_scrapes(ctx: Context, episodes_: list[tuple[float, float]]) -> Finding
     failed = sum(1 for s in ctx.history if s.snapshot is None and any(a <= s.ts <= b for a, b in episodes_))
     return Finding(
         id="scrapes_slow",
-        severity="warning",
+        # One or two late answers as a burst lands are worth knowing, not worth a warning.
+        severity="warning" if failed >= ctx.thresholds.slow_scrape_warning_count else "info",
         title=f"/metrics answered late: {failed} scrape{'s' if failed > 1 else ''} timed out"
-        f"{f' in {len(episodes_)} episodes' if len(episodes_) > 1 else ''}, each answered again within seconds",
+        f"{f' in {len(episodes_)} episodes' if len(episodes_) > 1 else ''}; the next scrape answered"
+        + (" each time" if len(episodes_) > 1 else ""),
         evidence={"failed_scrapes": failed, "episodes": len(episodes_),
                   "first_timeout_at": episodes_[0][0], "last_timeout_at": episodes_[-1][1], "window": _span(ctx)},
         checks=(
@@ -370,6 +374,122 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
             chart="num_requests_waiting",
         )
     ]
+
+
+def waiting_deferred(ctx: Context) -> list[Finding]:
+    """Requests waiting for a LoRA slot or a KV transfer (``reason="deferred"``, vLLM 0.20+), not for
+    capacity: raise ``--max-loras`` when the server's LoRA info shows adapters waiting; never the batch."""
+    t = ctx.thresholds
+    points: list[tuple[float, bool]] = []
+    waiting_adapters: set[str] = set()
+    seen_adapters: set[str] = set()
+    max_lora: int | None = None
+    for scrape, snap in ctx.ok:
+        by_reason = snap.by_label("num_requests_waiting_by_reason")
+        if by_reason is None:
+            continue
+        deferred = by_reason.get("deferred", 0.0) > 0
+        points.append((scrape.ts, deferred))
+        if deferred and snap.lora is not None:
+            max_lora = snap.lora.max_lora if snap.lora.max_lora is not None else max_lora
+            waiting_adapters.update(snap.lora.waiting)
+            seen_adapters.update(snap.lora.waiting + snap.lora.running)
+    found = [e for e in episodes(points, 2.0) if e[1] - e[0] >= t.queue_min_seconds]
+    if not found:
+        return []
+    in_ep = [snap for s, snap in ctx.ok if any(a <= s.ts <= b for a, b in found)]
+    peak = max((snap.by_label("num_requests_waiting_by_reason") or {}).get("deferred", 0.0) for snap in in_ep)
+    capacity = max((snap.by_label("num_requests_waiting_by_reason") or {}).get("capacity", 0.0) for snap in in_ep)
+    seconds = sum(b - a for a, b in found)
+    lora = max_lora is not None
+    suggestions: tuple[Suggestion, ...] = ()
+    if lora and max_lora is not None:
+        value = max(max_lora + 1, len(seen_adapters))
+        suggestions = (Suggestion(
+            "--max-loras", "increase", value,
+            f"Requests named {len(seen_adapters)} adapters while only {max_lora} fit in a batch: vLLM defers the rest "
+            "(waiting reason 'deferred') however much room the KV cache and --max-num-seqs have."),)
+    why = "for a LoRA slot" if lora else "for a KV transfer or another transient constraint (not capacity)"
+    return [Finding(
+        id="waiting_deferred",
+        severity="warning",
+        title=f"Requests wait {why}: up to {peak:.0f} deferred for {_fmt_s(seconds)}"
+        + (f" ({capacity:.0f} waiting for capacity)" if capacity else ""),
+        evidence={"max_num_requests_waiting_deferred": peak, "max_num_requests_waiting_capacity": capacity,
+                  "seconds_deferred": round(seconds, 3), "max_lora": max_lora,
+                  "adapters_waiting": sorted(waiting_adapters)[:10], "window": _span(ctx)},
+        suggestions=suggestions,
+        checks=(
+            ("Each LoRA slot holds an adapter's weights on the device (up to --max-lora-rank): check memory after "
+             "raising --max-loras; --max-cpu-loras keeps more adapters cached on the host."
+             if lora else
+             "No LoRA budget is exported: with disaggregated serving, requests wait for KV blocks from the prefill "
+             "instance; check the KV connector's logs and the prefill side."),
+            "Not a capacity problem: raising --max-num-seqs does not admit a deferred request.",
+        ),
+        time_range=(found[0][0], found[-1][1]),
+        knobs=("deferred",),
+        chart="num_requests_waiting",
+    )]
+
+
+def admission_rejected(ctx: Context) -> list[Finding]:
+    """Requests the frontend turned away (HTTP 503) at ``--max-num-queued-reqs`` /
+    ``--max-num-queued-tokens`` (vLLM 0.32+): say which limit, and whether the batch cap, the KV
+    cache or the limit itself is the change that would serve them."""
+    t, flags = ctx.thresholds, ctx.flags
+    steps: list[tuple[float, float, dict[str, float]]] = []
+    for (sa, a), (sb, b) in zip(ctx.ok, ctx.ok[1:]):
+        ra, rb = a.by_label("admission_rejections"), b.by_label("admission_rejections")
+        if ra is None or rb is None:
+            continue
+        restart = restarted(a, b)
+        steps.append((sa.ts, sb.ts, {k: counter_step(ra.get(k, 0.0), v, restart) for k, v in rb.items()}))
+    by_reason: dict[str, float] = {}
+    for _, _, inc in steps:
+        for reason, n in inc.items():
+            by_reason[reason] = by_reason.get(reason, 0.0) + n
+    total = sum(by_reason.values())
+    if total <= 0:
+        return []
+    rising = [(a, b) for a, b, inc in steps if sum(inc.values()) > 0]
+    start, end = rising[0][0], rising[-1][1]
+    near = [snap for s, snap in ctx.ok if start - 5.0 <= s.ts <= end]
+    cap = flags.max_num_seqs or _max_gauge(ctx, "num_requests_running")
+    at_cap = any((snap.value("num_requests_running") or 0) >= cap > 0 for snap in near)
+    usage = max((snap.value("kv_cache_usage_perc") or 0.0) for snap in near)
+    peak_waiting = max((snap.value("num_requests_waiting") or 0.0) for snap in near)
+    reasons = sorted((r for r, n in by_reason.items() if n > 0), key=lambda r: -by_reason[r])
+    limits = " and ".join(f"--{r.replace('_', '-')}" for r in reasons)
+    if usage >= t.kv_full_perc:
+        suggestions = _suggest_more_kv(flags, t, None)
+        fix = "the KV cache is full, so the queue cannot drain: more KV capacity serves these requests"
+    elif at_cap:
+        suggestions = [Suggestion("--max-num-seqs", "increase", int(cap + peak_waiting),
+                                  f"Running sat at the cap of {cap:.0f} with the KV cache ≤ {usage * 100:.0f} % full: "
+                                  "a larger batch drains the queue the limit protects.")]
+        fix = "running sat at the --max-num-seqs cap with memory to spare: a larger batch serves these requests"
+    else:
+        suggestions = [Suggestion(f"--{reasons[0].replace('_', '-')}", "increase", None,
+                                  "Neither the batch cap nor the KV cache was full: the limit itself turned bursts "
+                                  "away. Raise it if clients would rather wait than get a 503.")]
+        fix = "neither the batch nor the KV cache was full: the limit itself is what turned them away"
+    return [Finding(
+        id="admission_rejected",
+        severity="warning",
+        title=f"{total:,.0f} requests turned away (HTTP 503) by {limits}; {fix}",
+        evidence={"admission_rejections": {r: by_reason[r] for r in reasons},
+                  "admission_rejections_total": total, "num_requests_running_cap": cap, "running_at_cap": at_cap,
+                  "max_kv_cache_usage_perc": usage, "max_num_requests_waiting": peak_waiting, "window": _span(ctx)},
+        suggestions=tuple(suggestions),
+        checks=(
+            "The queue limit sheds load by design: raise it only if clients would rather wait than retry a 503.",
+            "Clients that retry at once turn one burst into several: check their back-off.",
+        ),
+        time_range=(start, end),
+        knobs=("admission",),
+        chart="num_requests_waiting",
+    )]
 
 
 def head_of_line(ctx: Context) -> list[Finding]:

@@ -91,6 +91,7 @@ class Thresholds:
     # between two or more sequences, which the balancer allows only while the silent rank held requests.
     hung_rank_peer_batch: float = 1.05
     slow_scrape_max_seconds: float = 5.0  # timed-out scrapes, answered again within this: slow, not down
+    slow_scrape_warning_count: int = 3  # this many late scrapes in the window is a warning (fewer: info)
     max_gpu_memory_utilization: float = 0.95
 
 
