@@ -221,6 +221,7 @@ def status_object(
         "prompt_tokens_rate": state.prompt_tokens_rate,
         "generation_tokens_rate": state.generation_tokens_rate,
         "request_success_rate": state.request_success_rate,
+        "asleep": state.asleep,
         "engines": [{"engine": e.engine, "model_name": e.model_name, "kv_cache_usage_perc": e.kv_cache_usage_perc,
                      "num_requests_running": e.num_requests_running, "num_requests_waiting": e.num_requests_waiting,
                      "generation_tokens_rate": e.generation_tokens_rate, "prompt_tokens_rate": e.prompt_tokens_rate}
@@ -287,6 +288,9 @@ def render_status(obj: dict[str, Any]) -> str:
         f"ITL           p50 {_lat(obj, 'itl_p50')}   p95 {_lat(obj, 'itl_p95')}",
         f"Queue time    p50 {_lat(obj, 'queue_p50')}   p95 {_lat(obj, 'queue_p95')}",
     ]
+    if obj.get("asleep"):
+        lines.append("ASLEEP        " + ", ".join(f"engine {e} ({level})" for e, level in sorted(obj["asleep"].items()))
+                     + ": serves nothing until woken (POST /wake_up)")
     for e in obj.get("engines") or ():
         lines.append(
             f"engine {e['engine']:<6} KV {_fmt(e['kv_cache_usage_perc'], ' %', 100)}"
@@ -642,7 +646,7 @@ def build_parser() -> _Parser:
 
     simulate = sub.add_parser("simulate", help="run the simulated vLLM engine's HTTP surface on loopback")
     simulate.add_argument("--scenario", default="healthy", help="healthy, queue_at_cap, kv_pressure, head_of_line, "
-                          "parallel_no_prefix, parallel_sampling, slow_decode, stall, lora_deferred, admission_limit, "
+                          "parallel_no_prefix, parallel_sampling, slow_decode, stall, asleep, lora_deferred, admission_limit, "
                           "data_parallel, hung_rank")
     simulate.add_argument("--port", type=int, default=8000)
     simulate.add_argument("--host", default="127.0.0.1")

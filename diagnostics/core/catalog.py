@@ -41,6 +41,8 @@ COUNTERS: dict[str, tuple[str, ...]] = {
 
 LABELLED_GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
     "num_requests_waiting_by_reason": (("vllm:num_requests_waiting_by_reason",), "reason"),
+    # 0.11.1+: awake = 1 normally; asleep: awake = 0 and weights_offloaded (level 1) or discard_all (level 2) = 1.
+    "engine_sleep_state": (("vllm:engine_sleep_state",), "sleep_state"),
 }
 
 LABELLED_COUNTERS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -231,6 +233,20 @@ class Snapshot:
                 out[label] = sum(self.values[o] for o in offsets.values())
             elif engine in offsets:
                 out[label] = self.values[offsets[engine]]
+        return out
+
+    def asleep(self) -> dict[EngineKey, str]:
+        """The engines put to sleep (``/sleep``), with their level's state name; {} when all are
+        awake or the server does not export the state."""
+        per_label = self.layout.labelled.get("engine_sleep_state")
+        if not per_label or "awake" not in per_label:
+            return {}
+        out = {}
+        for engine, offset in per_label["awake"].items():
+            if self.values[offset] == 0:
+                levels = [label for label, offsets in per_label.items()
+                          if label != "awake" and engine in offsets and self.values[offsets[engine]] > 0]
+                out[engine] = levels[0] if levels else "asleep"
         return out
 
     def histogram(self, concept: str, engine: EngineKey | None = None) -> Histogram | None:

@@ -319,6 +319,7 @@ class DerivedState:
     quantiles: dict[str, dict[float, Quantile | None] | None]
     cache_config: CacheConfig | None
     engines: tuple[EngineState, ...] = ()  # one per engine label, when the server has more than one
+    asleep: dict[str, str] | None = None  # engine index → sleep state, for engines put to sleep now
 
     def quantile(self, concept: str, q: float) -> Quantile | None:
         values = self.quantiles.get(concept)
@@ -402,6 +403,7 @@ def derive_state(history: Sequence[Scrape], window_seconds: float = 60.0, end: f
         quantiles={c: windowed_quantiles(scrapes, c) for c in LATENCY_CONCEPTS},
         cache_config=config,
         engines=_engine_states(scrapes, snap),
+        asleep={key[1] or "0": level for key, level in snap.asleep().items()} if snap is not None else None,
     )
 
 

@@ -109,6 +109,7 @@ class StepStats:
     itl_weighted: list[tuple[float, int]] = field(default_factory=list)  # (value, how many observations)
     iteration_tokens_steps: int = 1  # how many identical steps ``iteration_tokens`` stands for
     num_waiting_deferred: int = 0  # waiting for a LoRA slot, not for capacity
+    sleep_level: int = 0  # 0 awake; 1 weights offloaded; 2 weights and KV discarded
     running_loras: tuple[str, ...] = ()
     waiting_loras: tuple[str, ...] = ()
     finished: list[SimRequest] = field(default_factory=list)
@@ -125,6 +126,7 @@ class SimEngine:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.stalled = False
+        self.sleep_level = 0
         self._ids = 0
         self._next_token = 100_000
         per_token = kv_bytes_per_token(config.model, config.kv_dtype_bytes, config.tensor_parallel_size)
@@ -195,8 +197,8 @@ class SimEngine:
     def step(self) -> StepStats:
         """One scheduler iteration plus the model step; advances the clock by the step's time."""
         cfg = self.config
-        stats = StepStats(self.now, len(self.running), len(self.waiting), self.kv.usage)
-        if self.stalled:
+        stats = StepStats(self.now, len(self.running), len(self.waiting), self.kv.usage, sleep_level=self.sleep_level)
+        if self.stalled or self.sleep_level:
             return stats
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[SimRequest, int]] = []
@@ -376,6 +378,17 @@ class SimEngine:
     def advance_idle(self, until: float) -> None:
         """Nothing to run: the clock jumps (to the next arrival)."""
         self.now = max(self.now, until)
+
+    def sleep(self, level: int = 1) -> None:
+        """``POST /sleep?level=N`` with the default mode "abort": requests in flight are aborted, the
+        KV cache is dropped, and nothing is scheduled until woken (``EngineCore.sleep``)."""
+        for sim in list(self.running):
+            sim.finished_reason = "abort"
+            if sim.on_token is not None:
+                sim.on_token(sim)
+            self.kv.free(sim.request)
+        self.running.clear()
+        self.sleep_level = level
 
     def abort_all(self) -> None:
         """Drop every in-flight request (a scenario switch), telling their waiters."""

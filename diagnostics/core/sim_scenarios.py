@@ -38,6 +38,7 @@ class Scenario:
     itl_budget_ms: float | None = None
     data_parallel_size: int = 1  # engines side by side, as --data-parallel-size starts them
     hung_rank: int | None = None  # the engine that stops (its process stopped: its metrics freeze)
+    sleep_level: int = 0  # put to sleep at this level (POST /sleep) after a while
 
 
 BASE = EngineConfig()
@@ -64,6 +65,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              Workload(rate_per_s=8.0, prompt_tokens=32, output_tokens=250), itl_budget_ms=50.0),
     Scenario("stall", "Silent stall", "the engine stops producing tokens while /metrics still answers",
              "silent_stall", BASE, Workload(rate_per_s=4.0), stall=True),
+    Scenario("asleep", "Engine put to sleep", "POST /sleep?level=1 after 20 s: weights offloaded, nothing served, "
+             "requests wait", "engine_asleep", BASE, Workload(rate_per_s=4.0), sleep_level=1),
     Scenario("lora_deferred", "Requests waiting for a LoRA slot", "4 adapters, --max-loras 1: requests wait "
              "'deferred' while the KV cache and the batch have room", "waiting_deferred",
              replace(BASE, max_loras=1), Workload(rate_per_s=6.0, output_tokens=150, lora_adapters=4)),

@@ -88,7 +88,10 @@ class Simulation:
                 for prompt, max_tokens, n, lora in self.generator.due(engine.now):
                     self.add_request(prompt, max_tokens, n, lora=lora)
                 engine.stalled = self._stalled(index, engine)
-                if engine.idle() or engine.stalled:
+                if self.scenario.sleep_level and not engine.sleep_level \
+                        and engine.now - self.started_at >= STALL_AFTER_SECONDS:
+                    engine.sleep(self.scenario.sleep_level)
+                if engine.idle() or engine.stalled or engine.sleep_level:
                     nxt = min(self.generator.next_arrival(), target)
                     stats = engine.step()
                     engine.advance_idle(max(nxt, engine.now + 1e-3))

@@ -104,6 +104,9 @@ class SimMetrics:
                                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=r) \
             if config.max_loras else None
         self._max_lora = config.max_loras
+        self.sleep_state = Gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping; "
+                                 "awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; "
+                                 "discard_all = 1 means sleep level 2.", labels + ["sleep_state"], registry=r)
         # One set of series per data-parallel engine, labelled engine="0", "1", … as vLLM does.
         self._labels = [{"model_name": config.served_model_name, "engine": str(i)} for i in range(num_engines)]
         self._children: list[dict[str, Any]] = []
@@ -119,6 +122,9 @@ class SimMetrics:
                 self.success.labels(**lab, finished_reason=reason)
             for reason in ("capacity", "deferred"):
                 self.waiting_by_reason.labels(**lab, reason=reason)
+            self.sleep_state.labels(**lab, sleep_state="awake").set(1)
+            for state in ("weights_offloaded", "discard_all"):
+                self.sleep_state.labels(**lab, sleep_state=state).set(0)
             self._children.append({
                 "running": self.running.labels(**lab), "waiting": self.waiting.labels(**lab),
                 "waiting_capacity": self.waiting_by_reason.labels(**lab, reason="capacity"),
@@ -133,6 +139,9 @@ class SimMetrics:
     def update(self, stats: StepStats, engine: int = 0) -> None:
         lab = self._labels[engine]
         c = self._children[engine]
+        for state, on in (("awake", stats.sleep_level == 0), ("weights_offloaded", stats.sleep_level == 1),
+                          ("discard_all", stats.sleep_level == 2)):
+            self.sleep_state.labels(**lab, sleep_state=state).set(1 if on else 0)
         c["running"].set(stats.num_running)
         c["waiting"].set(stats.num_waiting)
         c["waiting_capacity"].set(stats.num_waiting - stats.num_waiting_deferred)

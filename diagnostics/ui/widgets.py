@@ -255,6 +255,9 @@ def headline(derived: DerivedState, status: TargetStatus | None = None, history:
     shows the server's counters since it started, labelled as such."""
     if status is not None and status.state in ("down", "stale", "not_vllm") and derived.ts is not None:
         st.caption(f"Last known values, from the scrape at {fmt_when(derived.ts)}.")
+    if derived.asleep:
+        engines = ", ".join(f"engine {md_escape(e)} ({md_escape(level)})" for e, level in sorted(derived.asleep.items()))
+        st.error(f"**Asleep:** {engines}. It serves nothing until woken (POST /wake_up); see Diagnose.")
     cols = st.columns(6)
     cols[0].metric("KV cache used", _pct(derived.kv_cache_usage_perc))
     cols[1].metric("Running", _num(derived.num_requests_running))

@@ -38,6 +38,7 @@ class Interval:
     prefix_cache_queries: float | None
     num_preemptions: float | None
     num_requests_running: float | None
+    asleep: bool = False  # an engine was asleep at the interval's end (``engine_sleep_state``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,7 @@ def _interval(prev: tuple[Scrape, Snapshot], cur: tuple[Scrape, Snapshot]) -> In
         prefix_cache_queries=_counter(a, b, "prefix_cache_queries", restart),
         num_preemptions=_counter(a, b, "num_preemptions", restart),
         num_requests_running=b.value("num_requests_running"),
+        asleep=bool(b.asleep()),
     )
 
 
@@ -184,7 +186,9 @@ def _stalls(intervals: Sequence[Interval], t: Thresholds) -> tuple[Stall, ...]:
     (the latency profile sees it), and "dump the stacks and restart" would be the wrong advice. No
     single step plausibly lasts longer than ``long_step_max_seconds``: a longer run is a stall even
     when queued long prompts are prefilled as it ends."""
-    flagged = [(iv, (iv.num_requests_running or 0) > 0 and iv.generation_tokens == 0) for iv in intervals]
+    # An engine put to sleep produces nothing by request: the sleep rule says so, not the stall rule.
+    flagged = [(iv, (iv.num_requests_running or 0) > 0 and iv.generation_tokens == 0 and not iv.asleep)
+               for iv in intervals]
     after = {a.end: b for a, b in zip(intervals, intervals[1:])}
     out = []
     for first, last in episodes([(iv.end, flag) for iv, flag in flagged]):
@@ -212,7 +216,7 @@ def _tokens_stopped(intervals: Sequence[Interval], t: Thresholds) -> TokensStopp
     run: list[Interval] = []
     for iv in reversed(intervals):
         idle = iv.generation_tokens == 0 and not iv.prompt_tokens and not iv.num_preemptions
-        if (iv.num_requests_running or 0) > 0 and idle:
+        if (iv.num_requests_running or 0) > 0 and idle and not iv.asleep:
             run.append(iv)
         else:
             break

@@ -138,6 +138,15 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         "observable surface §1 (engine label) and vllm/v1/engine/core_client.py (DP load balancing)",
     ),
     KnobRow(
+        "asleep",
+        "Engine asleep (engine_sleep_state awake = 0): nothing served, /health still answers",
+        "Someone called /sleep (sleep mode): wake it with /wake_up, or find the owner that put it to sleep; "
+        "not a stall and not a tuning problem",
+        (),
+        "wake up",
+        "observable surface (engine_sleep_state, /sleep, /wake_up)",
+    ),
+    KnobRow(
         "down",
         "Server unreachable or engine dead (/health 503)",
         "Check the process, its last log lines (OOM, engine dead) and the host; restart",

@@ -227,6 +227,46 @@ def hung_rank(ctx: Context) -> list[Finding]:
     return findings
 
 
+SLEEP_LEVELS = {"weights_offloaded": "level 1: weights offloaded to host memory, KV cache discarded",
+                "discard_all": "level 2: weights and KV cache discarded"}
+
+
+def engine_asleep(ctx: Context) -> list[Finding]:
+    """An engine put to sleep (``POST /sleep``, ``--enable-sleep-mode``): it serves nothing until
+    woken. Critical, with how to wake it; the stall rules stay quiet meanwhile (not a hang)."""
+    points = [(s.ts, bool(snap.asleep())) for s, snap in ctx.ok]
+    findings = []
+    for start, end in episodes(points):
+        snaps = [snap for s, snap in ctx.ok if start <= s.ts <= end]
+        engines: dict[str, str] = {}
+        for snap in snaps:
+            engines.update({key[1] or "0": level for key, level in snap.asleep().items()})
+        levels = sorted(set(engines.values()))
+        ongoing = ctx.ok[-1][0].ts == end
+        waiting = max((snap.value("num_requests_waiting") or 0.0) for snap in snaps)
+        names = ", ".join(f"engine {e}" for e in sorted(engines))
+        findings.append(Finding(
+            id="engine_asleep",
+            severity="critical",
+            title=f"{names.capitalize()} asleep ({'; '.join(SLEEP_LEVELS.get(lv, lv) for lv in levels)})"
+            + (f" for at least {_fmt_s(end - start)}, still asleep" if ongoing else f" for {_fmt_s(end - start)}, then "
+               "woken") + ": it serves nothing until woken",
+            evidence={"engines": sorted(engines), "sleep_states": levels, "asleep_since_at": start,
+                      "seconds_asleep": round(end - start, 3), "ongoing": ongoing,
+                      "max_num_requests_waiting": waiting, "window": _span(ctx)},
+            checks=(
+                "Wake it with POST /wake_up (the endpoint exists when the server runs with VLLM_SERVER_DEV_MODE=1); "
+                "after level 2 the weights must be reloaded before it serves again.",
+                "Find out who put it to sleep (an RL trainer sharing the GPU, an autoscaler): it is not a hang, and "
+                "restarting it loses whatever that owner expected to resume.",
+            ),
+            time_range=(start, end),
+            knobs=("asleep",),
+            chart="generation_tokens",
+        ))
+    return findings
+
+
 def more_kv_capacity(flags: KnownFlags, t: Thresholds) -> Suggestion | None:
     """The change that gives the KV cache more room on *this* server: raise the pin when the KV size
     is pinned (vLLM then ignores --gpu-memory-utilization for it), else the utilization."""

@@ -50,6 +50,8 @@ RULES: tuple[Rule, ...] = (
          chart=None, alert=None, scenario=None, needs_scrapes=False),
     Rule("outage", rules.outage, ("server_down", "scrapes_slow", "server_restarted"), ("down",),
          chart=None, alert="VLLMServerDown", scenario=None, needs_scrapes=False),
+    Rule("engine_asleep", rules.engine_asleep, ("engine_asleep",), ("asleep",),
+         chart="generation_tokens", alert=None, scenario="asleep"),
     Rule("stall", rules.stall, ("silent_stall", "absent:silent_stall"), ("stall",),
          chart="generation_tokens", alert="VLLMSilentStall", scenario="stall"),
     Rule("hung_rank", rules.hung_rank, ("hung_rank",), ("hung-rank",),

