@@ -65,6 +65,7 @@ class Collector:
         self._raw: deque[tuple[float, bytes | None, str | None, GpuReading | None]] = deque()
         self._lock = threading.Lock()
         self._sinks: list[Sink] = []
+        self.sink_errors: list[str] = []  # sinks dropped because they raised (see _emit)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._state: TargetState = "starting"
@@ -296,10 +297,16 @@ class Collector:
         except Exception as exc:  # noqa: BLE001 - a GPU reader failure must never stop collection
             return GpuReading(unavailable=f"GPU read failed: {type(exc).__name__}")
 
-    @staticmethod
-    def _emit(sinks: list[Sink], record: Record) -> None:
+    def _emit(self, sinks: list[Sink], record: Record) -> None:
+        """Hand the record to every sink. A sink that fails (a recording file closed or on a full
+        disk) is dropped with its error kept in ``sink_errors``: it must never stop collection."""
         for sink in sinks:
-            sink(record)
+            try:
+                sink(record)
+            except Exception as exc:  # noqa: BLE001 - one broken sink must not kill the collector
+                self.sink_errors.append(f"{getattr(sink, '__qualname__', type(sink).__name__)}: "
+                                        f"{type(exc).__name__}: {exc}")
+                self.remove_sink(sink)
 
 
 _REGISTRY: dict[tuple[str, str], Collector] = {}

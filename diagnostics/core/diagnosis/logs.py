@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # (kind, pattern): the first group names are read into LogError.numbers.
@@ -50,6 +50,21 @@ ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("engine_dead", re.compile(r"EngineDeadError|Engine core initialization failed")),
 )
 
+# Lines that say why an engine died while serving (first occurrence of each is kept, in log order).
+CAUSE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("engine_exited", re.compile(r"engine core exited unexpectedly|Engine core proc \S+ died unexpectedly",
+                                 re.IGNORECASE)),
+    ("host_oom_killed", re.compile(r"Out of memory: Killed process|oom-kill|oom_reaper|^\s*Killed\s*$")),
+    ("cuda_oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError")),
+    ("nccl", re.compile(r"NCCL (?:error|WARN|timeout)|ProcessGroupNCCL|Watchdog caught collective operation timeout",
+                        re.IGNORECASE)),
+    ("rpc_timeout", re.compile(r"RPC call to \S+ timed out|execute_model.*timed out|TimeoutError", re.IGNORECASE)),
+    ("engine_exception", re.compile(r"\(EngineCore[^)]*\)\s+(?:ERROR|CRITICAL)\b.*?\b(?:[A-Z]\w*Error|Exception)\b")),
+    ("engine_dead", re.compile(r"EngineDeadError")),
+)
+_SERVING = re.compile(r"Application startup complete|Starting vLLM (?:API )?server|Uvicorn running on")
+_LOG_TIME = re.compile(r"\b(\d\d-\d\d \d\d:\d\d:\d\d)\b")
+
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 _VERSION = re.compile(r"(?:vLLM (?:API )?server version|version) (\d+\.\d+\.\d+[\w.+-]*)")
 _AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
@@ -67,7 +82,8 @@ class LogError:
 
 @dataclass(frozen=True, slots=True)
 class LogFacts:
-    """What a startup log says: errors (first occurrence of each kind) and stated facts."""
+    """What a log says: errors (first occurrence of each kind), stated facts, and — when the engine
+    died after the server had started serving — the lines that say why."""
 
     errors: tuple[LogError, ...]
     version: str | None
@@ -75,9 +91,30 @@ class LogFacts:
     available_kv_gib: float | None
     kv_cache_tokens: int | None
     max_concurrency: float | None
+    serving_line: int | None = None  # where the server said it was up (None: it never got there)
+    causes: tuple[LogError, ...] = ()  # the lines that matter about a death, in log order
 
     def first(self, kind: str) -> LogError | None:
         return next((e for e in self.errors if e.kind == kind), None)
+
+    def died_serving(self) -> LogError | None:
+        """The engine-death line, when it comes after the server started serving."""
+        dead = next((c for c in self.causes if c.kind == "engine_dead"), None)
+        if dead is None or self.serving_line is None or dead.line_no < self.serving_line:
+            return None
+        return dead
+
+    def death_lines(self) -> tuple[LogError, ...]:
+        """The lines that matter about a death while serving (after the server came up)."""
+        if self.died_serving() is None or self.serving_line is None:
+            return ()
+        return tuple(c for c in self.causes if c.line_no >= self.serving_line)
+
+
+def log_time(line: str) -> str | None:
+    """The ``MM-DD hh:mm:ss`` stamp of a vLLM log line, as written (local time, no year)."""
+    m = _LOG_TIME.search(line)
+    return m.group(1) if m else None
 
 
 def _args(text: str) -> dict[str, Any]:
@@ -93,7 +130,14 @@ def parse_log(text: str) -> LogFacts:
     version = None
     args: dict[str, Any] = {}
     available = tokens = concurrency = None
+    causes: dict[str, LogError] = {}
+    serving: int | None = None
     for line_no, line in enumerate(text.splitlines(), start=1):
+        if serving is None and _SERVING.search(line):
+            serving = line_no
+        for kind, pattern in CAUSE_PATTERNS:
+            if kind not in causes and pattern.search(line):
+                causes[kind] = LogError(kind, line_no, line.strip()[-400:])
         for kind, pattern in ERROR_PATTERNS:
             if kind in errors:
                 continue
@@ -116,4 +160,9 @@ def parse_log(text: str) -> LogFacts:
     ordered = specific or list(errors.values())
     if specific and "cuda_oom" in errors and not any(e.kind.startswith("oom_") for e in specific):
         ordered.append(errors["cuda_oom"])
-    return LogFacts(tuple(sorted(ordered, key=lambda e: e.line_no)), version, args, available, tokens, concurrency)
+    facts = LogFacts(tuple(sorted(ordered, key=lambda e: e.line_no)), version, args, available, tokens, concurrency,
+                     serving, tuple(sorted(causes.values(), key=lambda e: e.line_no)))
+    if facts.died_serving() is not None:
+        # A death after startup is the runtime-death finding's, not a startup error.
+        facts = replace(facts, errors=tuple(e for e in facts.errors if e.kind not in ("engine_dead", "cuda_oom")))
+    return facts

@@ -27,6 +27,7 @@ from diagnostics.core.derive import (
 from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.engines import engine_name, silent_ranks
 from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
+from diagnostics.core.diagnosis.logs import log_time
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
 from diagnostics.core.text import fmt_latency, fmt_seconds_as_ms
 
@@ -84,6 +85,31 @@ def _max_gauge(ctx: Context, concept: str) -> float:
 # -- rules over the scrapes ------------------------------------------------------------------------
 
 
+def _before(ctx: Context, ts: float, seconds: float = 60.0) -> dict[str, Any]:
+    """What the last minute of good scrapes before ``ts`` showed, as ``before_*`` evidence ({} with
+    none): the state the server was in when it went down or restarted."""
+    snaps = [snap for s, snap in ctx.ok if ts - seconds <= s.ts < ts]
+    if not snaps:
+        return {}
+    ivs = [iv for iv in ctx.intervals if ts - seconds <= iv.start and iv.end < ts and not iv.restarted]
+    span = sum(iv.end - iv.start for iv in ivs)
+    last = max(s.ts for s, _ in ctx.ok if s.ts < ts)
+
+    def peak(concept: str) -> float | None:
+        values = [v for snap in snaps if (v := snap.value(concept)) is not None]
+        return max(values) if values else None
+
+    return {
+        "before_last_good_scrape_at": last,
+        "before_max_num_requests_running": peak("num_requests_running"),
+        "before_max_num_requests_waiting": peak("num_requests_waiting"),
+        "before_max_kv_cache_usage_perc": peak("kv_cache_usage_perc"),
+        "before_generation_tokens_per_second": round(sum(iv.generation_tokens or 0.0 for iv in ivs) / span, 1)
+        if span > 0 else None,
+        "before_num_preemptions": sum(iv.num_preemptions or 0.0 for iv in ivs) if ivs else None,
+    }
+
+
 def outage(ctx: Context) -> list[Finding]:
     """Failed scrapes: the server was unreachable, timed out, answered errors, or its engine died."""
     history = ctx.history
@@ -106,7 +132,7 @@ def outage(ctx: Context) -> list[Finding]:
                 severity="critical",
                 title=title,
                 evidence={"failed_scrapes": sum(1 for s in history if s.snapshot is None and start <= s.ts <= end),
-                          "errors": errors[:5], "ongoing": ongoing, "window": _span(ctx)},
+                          "errors": errors[:5], "ongoing": ongoing, **_before(ctx, start), "window": _span(ctx)},
                 checks=(
                     "Is the process alive? Read the last lines of its log: an OOM, EngineDeadError or a traceback "
                     "names the cause (python -m diagnostics diagnose --log FILE parses it).",
@@ -114,6 +140,7 @@ def outage(ctx: Context) -> list[Finding]:
                 ),
                 time_range=(start, end),
                 knobs=("down",),
+                chart="generation_tokens",
             )
         )
     if slow:
@@ -123,10 +150,18 @@ def outage(ctx: Context) -> list[Finding]:
             findings.append(
                 Finding(
                     id="server_restarted",
-                    severity="info",
-                    title="The server restarted inside the window",
-                    evidence={"process_start_time_seconds": snap.process_start_time_seconds, "seen_at": iv.end},
-                    time_range=(iv.end, iv.end),
+                    severity="warning",
+                    title="The server restarted inside the window: requests in flight were lost",
+                    evidence={"started_at": snap.process_start_time_seconds, "seen_at": iv.end,
+                              **_before(ctx, iv.start + 1e-6)},
+                    checks=(
+                        "Was it restarted on purpose (a deploy, an autoscaler)? If not, read the log of the run that "
+                        "ended: an OOM, EngineDeadError or a traceback names the cause (diagnose --log FILE).",
+                        "The 'before' values are the last minute of the run that ended.",
+                    ),
+                    time_range=(iv.start, iv.end),
+                    knobs=("down",),
+                    chart="generation_tokens",
                 )
             )
     return findings
@@ -821,6 +856,61 @@ STARTUP_ERRORS: dict[str, tuple[str, str]] = {
     "engine_dead": ("Engine core died at startup", "down"),
 }
 """Per error kind the log parser knows: the finding's title and the knob-table row it rests on."""
+
+
+DEATH_CAUSES: dict[str, tuple[str, str]] = {
+    # kind: (what it says in a title, what to check first)
+    "host_oom_killed": ("killed by the host's out-of-memory killer",
+                        "Host memory: the kernel killed the engine (dmesg / journalctl -k: 'Out of memory: Killed "
+                        "process'). Lower --max-num-seqs or the CPU-side caches (--swap-space, --max-cpu-loras), or "
+                        "give the container more memory."),
+    "cuda_oom": ("out of device memory while serving",
+                 "Activation memory ran out at runtime: lower --gpu-memory-utilization a little (headroom for "
+                 "activations) or --max-num-seqs / --max-num-batched-tokens."),
+    "nccl": ("a collective (NCCL) error or timeout between ranks",
+             "A rank hung or the interconnect failed: check every TP/PP/DP rank's log for the first error, run with "
+             "NCCL_DEBUG=INFO, and look for a stopped or slow worker."),
+    "rpc_timeout": ("a worker that stopped answering (RPC timeout)",
+                    "A worker hung: dump its stacks (py-spy dump) if it is still there, check the device (nvidia-smi) "
+                    "and the host for a stopped process."),
+    "engine_exception": ("an exception inside the engine",
+                         "The engine's own traceback (the EngineCore lines above EngineDeadError) names the failing "
+                         "code: look for a known vLLM issue with that message, or a request that triggers it."),
+    "engine_exited": ("its process exiting without an error of its own (killed by a signal?)",
+                      "No traceback from the engine: something killed it — the OOM killer (dmesg), an operator, a "
+                      "container memory limit or a node drain."),
+}
+
+
+def engine_died(ctx: Context) -> list[Finding]:
+    """An engine that died after the server had come up (EngineDeadError in the log): when, the log
+    lines that say why, the last minute before it from the recorded history, and what to check."""
+    log = ctx.log
+    dead = log.died_serving() if log is not None else None
+    if log is None or dead is None:
+        return []
+    lines = log.death_lines()
+    kinds = [c.kind for c in lines]
+    cause = next((k for k in DEATH_CAUSES if k in kinds), None)
+    when = log_time(dead.text)
+    down = next((s.ts for s in ctx.history if s.snapshot is None), None)
+    before = _before(ctx, down if down is not None else (ctx.history[-1].ts + 1 if ctx.history else 0.0))
+    what, check = DEATH_CAUSES[cause] if cause else ("no cause the log names", DEATH_CAUSES["engine_exited"][1])
+    return [Finding(
+        id="engine_died",
+        severity="critical",
+        title=f"Engine core died while serving{f' at {when}' if when else ''}: {what}",
+        evidence={"died_at_log_time": when, "log_lines": [f"line {c.line_no}: {c.text[-240:]}" for c in lines][:6],
+                  **before},
+        checks=(
+            check,
+            "The requests in flight got HTTP 500 and the server shut down: restart it, and keep this log "
+            "(and a recording of the minute before) with the incident.",
+        ),
+        time_range=(down, down) if down is not None else None,
+        knobs=("down",),
+        chart="generation_tokens" if before else None,
+    )]
 
 
 def startup_log(ctx: Context) -> list[Finding]:
