@@ -37,7 +37,7 @@ from diagnostics.core.diagnosis import (
 from diagnostics.core.diagnosis.alerts import alert_rules_yaml
 from diagnostics.core.info import ServerInfo
 from diagnostics.core.promql import Scope, parse_duration, parse_selector
-from diagnostics.core.text import evidence_rows, fmt_seconds_as_ms
+from diagnostics.core.text import evidence_rows, fmt_seconds_as_ms, prompt_sources_text
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV, VllmClient, api_key_from_env
@@ -222,6 +222,9 @@ def status_object(
         "generation_tokens_rate": state.generation_tokens_rate,
         "request_success_rate": state.request_success_rate,
         "asleep": state.asleep,
+        "prompt_tokens_by_source": state.prompt_sources.by_source if state.prompt_sources else None,
+        "prompt_tokens_cached_by_tier": state.prompt_sources.cached_by_tier if state.prompt_sources else None,
+        "prompt_sources_text": prompt_sources_text(state.prompt_sources),
         "engines": [{"engine": e.engine, "model_name": e.model_name, "kv_cache_usage_perc": e.kv_cache_usage_perc,
                      "num_requests_running": e.num_requests_running, "num_requests_waiting": e.num_requests_waiting,
                      "generation_tokens_rate": e.generation_tokens_rate, "prompt_tokens_rate": e.prompt_tokens_rate}
@@ -281,6 +284,7 @@ def render_status(obj: dict[str, Any]) -> str:
         f"   waiting {_fmt(obj['num_requests_waiting'], digits=0)}",
         f"prefix cache  hit rate {_fmt(obj['prefix_cache_hit_rate'], ' %', 100)} over {obj['window_seconds']:g} s"
         f"   (caching {'on' if obj['enable_prefix_caching'] else 'off' if obj['enable_prefix_caching'] is False else '—'})",
+        *([f"prompt from   {obj['prompt_sources_text']}"] if obj.get("prompt_sources_text") else []),
         f"preemptions   {_fmt(obj['num_preemptions_rate'], '/s', digits=2)}",
         f"throughput    prompt {_fmt(obj['prompt_tokens_rate'], ' tok/s')}"
         f"   generation {_fmt(obj['generation_tokens_rate'], ' tok/s')}",

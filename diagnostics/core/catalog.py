@@ -37,6 +37,10 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "num_preemptions": ("vllm:num_preemptions",),
     "prompt_tokens": ("vllm:prompt_tokens",),
     "generation_tokens": ("vllm:generation_tokens",),
+    # Speculative decoding (present only with --speculative-config; 0.9.2+ names).
+    "spec_decode_num_drafts": ("vllm:spec_decode_num_drafts",),
+    "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens",),
+    "spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",),
 }
 
 LABELLED_GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -48,6 +52,11 @@ LABELLED_GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
 LABELLED_COUNTERS: dict[str, tuple[tuple[str, ...], str]] = {
     "request_success": (("vllm:request_success",), "finished_reason"),
     "admission_rejections": (("vllm:admission_rejections",), "reason"),
+    "spec_decode_num_accepted_tokens_per_pos": (("vllm:spec_decode_num_accepted_tokens_per_pos",), "position"),
+    # 0.16+: prompt tokens by where their KV came from (first prefill of each request only).
+    "prompt_tokens_by_source": (("vllm:prompt_tokens_by_source",), "source"),
+    # 0.32+: prefix-cache hit tokens by the cache tier that supplied them.
+    "prompt_tokens_cached_by_source": (("vllm:prompt_tokens_cached_by_source",), "source"),
 }
 
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
@@ -71,6 +80,7 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
 # Concepts drawn as Δnumerator / Δdenominator of two counters over a window: derived, never scraped.
 RATIOS: dict[str, tuple[str, str]] = {
     "prefix_cache_hit_rate": ("prefix_cache_hits", "prefix_cache_queries"),
+    "spec_decode_acceptance": ("spec_decode_num_accepted_tokens", "spec_decode_num_draft_tokens"),
 }
 
 # Concepts whose server total is a mean across engines rather than a sum.

@@ -282,6 +282,115 @@ def last_snapshot(history: Sequence[Scrape]) -> Scrape | None:
 
 
 @dataclass(frozen=True, slots=True)
+class SpecDecode:
+    """Speculative decoding over a window, from vLLM's counters (``SpecDecodingProm``):
+    acceptance rate = accepted / drafted tokens; mean accepted length = 1 + accepted / drafts (the
+    tokens one verification step emits); per position, the share of drafts whose i-th token was
+    accepted."""
+
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+    accepted_per_position: tuple[float, ...]
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        return 1 + self.accepted_tokens / self.drafts if self.drafts else None
+
+    @property
+    def num_speculative_tokens(self) -> int | None:
+        return round(self.draft_tokens / self.drafts) if self.drafts else None
+
+    @property
+    def per_position_rate(self) -> tuple[float, ...]:
+        return tuple(a / self.drafts for a in self.accepted_per_position) if self.drafts else ()
+
+
+def labelled_increase(scrapes: Sequence[Scrape], concept: str) -> dict[str, float] | None:
+    """How much each label of a labelled counter rose over the scrapes (reset-aware); None when the
+    server does not export it."""
+    labels: set[str] = set()
+    for scrape in scrapes:
+        if scrape.snapshot is not None:
+            labels.update(scrape.snapshot.by_label(concept) or {})
+    if not labels:
+        return None
+    out = {}
+    for label in sorted(labels):
+        points = _points(scrapes, _label_of(concept, label))
+        out[label] = increase([p[1] for p in points], [p[2] for p in points]) if len(points) > 1 else 0.0
+    return out
+
+
+def _label_of(concept: str, label: str) -> Callable[[Snapshot], float | None]:
+    return lambda snap: (snap.by_label(concept) or {}).get(label)
+
+
+SOURCE_NAMES = {"local_cache_hit": "local prefix cache", "local_compute": "computed",
+                "external_kv_transfer": "external KV transfer"}
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSources:
+    """Where the window's prompt tokens came from (vLLM 0.16+ ``prompt_tokens_by_source``), counted
+    at each request's first prefill only — a preempted request's recompute is not counted as a hit —
+    and which cache tier supplied the hits (0.32+ ``prompt_tokens_cached_by_source``)."""
+
+    by_source: dict[str, float]
+    cached_by_tier: dict[str, float] | None
+
+    @property
+    def total(self) -> float:
+        return sum(self.by_source.values())
+
+    def share(self, source: str) -> float | None:
+        return self.by_source.get(source, 0.0) / self.total if self.total else None
+
+
+def prompt_sources(scrapes: Sequence[Scrape]) -> PromptSources | None:
+    by_source = labelled_increase(scrapes, "prompt_tokens_by_source")
+    if by_source is None:
+        return None
+    return PromptSources(by_source, labelled_increase(scrapes, "prompt_tokens_cached_by_source"))
+
+
+def hit_rate_source(snapshot: Snapshot | None) -> str:
+    """What the prefix hit rate is computed from, in words a reader can check."""
+    if snapshot is not None and snapshot.has("prefix_cache_hits"):
+        return ("prefix-cache hit tokens / queried tokens of new requests (vLLM counts a preempted request's "
+                "re-hits apart, so recompute is not shown as sharing)")
+    if snapshot is not None and snapshot.has("gpu_prefix_cache_hit_rate"):
+        return "V0's lifetime block hit rate (it counts re-hits of preempted requests too)"
+    return "not exported"
+
+
+def spec_decode(scrapes: Sequence[Scrape]) -> SpecDecode | None:
+    """The window's speculative-decoding counters (None when the server does not speculate)."""
+    drafts = counter_increase(scrapes, "spec_decode_num_drafts")
+    tokens = counter_increase(scrapes, "spec_decode_num_draft_tokens")
+    accepted = counter_increase(scrapes, "spec_decode_num_accepted_tokens")
+    if drafts is None or tokens is None or accepted is None:
+        return None
+    positions: set[str] = set()
+    for scrape in scrapes:
+        if scrape.snapshot is not None:
+            positions.update(scrape.snapshot.by_label("spec_decode_num_accepted_tokens_per_pos") or {})
+    per_pos = []
+    for pos in sorted(positions, key=lambda p: int(p) if p.isdigit() else 0):
+        points = _points(scrapes, _per_position(pos))
+        per_pos.append(increase([p[1] for p in points], [p[2] for p in points]) if len(points) > 1 else 0.0)
+    return SpecDecode(drafts[0], tokens[0], accepted[0], tuple(per_pos))
+
+
+def _per_position(position: str) -> Callable[[Snapshot], float | None]:
+    return lambda snap: (snap.by_label("spec_decode_num_accepted_tokens_per_pos") or {}).get(position)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineState:
     """One engine of a data-parallel server: its gauges now and its token rates over the window."""
 
@@ -320,6 +429,7 @@ class DerivedState:
     cache_config: CacheConfig | None
     engines: tuple[EngineState, ...] = ()  # one per engine label, when the server has more than one
     asleep: dict[str, str] | None = None  # engine index → sleep state, for engines put to sleep now
+    prompt_sources: PromptSources | None = None  # where prompt tokens came from (0.16+)
 
     def quantile(self, concept: str, q: float) -> Quantile | None:
         values = self.quantiles.get(concept)
@@ -404,6 +514,7 @@ def derive_state(history: Sequence[Scrape], window_seconds: float = 60.0, end: f
         cache_config=config,
         engines=_engine_states(scrapes, snap),
         asleep={key[1] or "0": level for key, level in snap.asleep().items()} if snap is not None else None,
+        prompt_sources=prompt_sources(scrapes),
     )
 
 

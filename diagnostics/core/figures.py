@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from diagnostics.core.catalog import RATIOS, CacheConfig, EngineKey, Snapshot
-from diagnostics.core.derive import Scrape
+from diagnostics.core.derive import Scrape, spec_decode
 from diagnostics.core.gpu import GpuMemory
 from diagnostics.core.series import (
     QuantileSeries,
@@ -217,6 +217,34 @@ def _waiting_at(history: Sequence[Scrape], ts: float) -> float:
     return (snap.value("num_requests_waiting") or 0.0) if snap is not None else 0.0
 
 
+def spec_decode_figure(history: Sequence[Scrape], window_seconds: float) -> go.Figure | None:
+    """Speculative decoding: the share of draft tokens accepted, and per draft position the share of
+    drafts whose token there was accepted (over a trailing window); None without speculation."""
+    overall = rolling_ratio(history, lambda s: s.value("spec_decode_num_accepted_tokens"),
+                            lambda s: s.value("spec_decode_num_draft_tokens"), window_seconds)
+    if not _has_values(overall):
+        return None
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=_times(overall.ts), y=[v * 100 if v is not None else None for v in overall.values],
+                             name="all draft tokens", mode="lines", line={"width": 3, "color": "#2ca02c"},
+                             hovertemplate="%{y:.0f} % of draft tokens accepted<extra></extra>"))
+    positions: set[str] = set()
+    for scrape in history:
+        if scrape.snapshot is not None:
+            positions.update(scrape.snapshot.by_label("spec_decode_num_accepted_tokens_per_pos") or {})
+    for pos in sorted(positions, key=lambda p: int(p) if p.isdigit() else 0):
+        series = rolling_ratio(history, label_picker("spec_decode_num_accepted_tokens_per_pos", pos),
+                               lambda s: s.value("spec_decode_num_drafts"), window_seconds)
+        fig.add_trace(go.Scatter(x=_times(series.ts), y=[v * 100 if v is not None else None for v in series.values],
+                                 name=f"position {html.escape(pos)}", mode="lines", line={"width": 1.2, "dash": "dot"},
+                                 hovertemplate=f"position {html.escape(pos)}: %{{y:.0f}} % of drafts<extra></extra>"))
+    spec = spec_decode(history)
+    length = spec.mean_accepted_length if spec is not None else None
+    title = "Speculative decoding: draft acceptance" + (
+        f" (mean accepted length {length:.2f} tokens/step)" if length is not None else "")
+    return _layout(fig, title, f"% accepted ({window_seconds:g} s)", yaxis_range=[0, 105])
+
+
 def latency_figure(history: Sequence[Scrape], concept: str, window_seconds: float) -> go.Figure | None:
     """p50 / p95 / p99 of one latency histogram over a trailing window, in ms."""
     quantiles = rolling_quantiles(history, concept, (0.5, 0.95, 0.99), window_seconds)
@@ -400,7 +428,8 @@ def finding_figure(
         elif chart in RATIOS:
             numerator, denominator = RATIOS[chart]
             series = rolling_ratio(history, lambda s: s.value(numerator), lambda s: s.value(denominator), 30.0)
-            y_title, scale, name = "% hit (30 s)", 100.0, "hit rate"
+            y_title, scale, name = {"spec_decode_acceptance": ("% accepted (30 s)", 100.0, "draft acceptance")}.get(
+                chart, ("% hit (30 s)", 100.0, "hit rate"))
         else:
             concept = chart
             series = gauge_series(history, lambda s: s.value(concept))

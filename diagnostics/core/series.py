@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from diagnostics.core import derive
 from diagnostics.core.catalog import Histogram, Snapshot
 from diagnostics.core.derive import Quantile, Scrape, counter_step, histogram_step, quantile_estimate, restarted
 
@@ -202,19 +203,7 @@ def rolling_quantiles(
 
 def labelled_increase(history: Sequence[Scrape], concept: str) -> dict[str, float] | None:
     """How much each label of a labelled counter rose over the history (e.g. finished_reason)."""
-    labels: set[str] = set()
-    for s in history:
-        if s.snapshot is not None:
-            by = s.snapshot.by_label(concept)
-            if by:
-                labels.update(by)
-    if not labels:
-        return None
-    out = {}
-    for label in sorted(labels):
-        _, inc, _ = _increments(history, label_picker(concept, label))
-        out[label] = sum(inc)
-    return out
+    return derive.labelled_increase(history, concept)
 
 
 def label_picker(concept: str, label: str) -> Callable[[Snapshot], float | None]:

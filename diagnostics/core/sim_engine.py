@@ -15,6 +15,7 @@ and launch overhead. No communication cost for TP beyond splitting weights and K
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +62,8 @@ class EngineConfig:
     served_model_name: str = "sim-llama-3.1-8b"
     max_loras: int = 0  # --max-loras (0: LoRA off); adapters beyond it wait ("deferred")
     max_num_queued_reqs: int | None = None  # --max-num-queued-reqs: more waiting than this is rejected
+    num_speculative_tokens: int = 0  # --speculative-config num_speculative_tokens (0: no speculation)
+    spec_acceptance: float = 0.7  # chance each draft token is accepted, given the ones before it were
 
     def resolved_num_gpu_blocks(self) -> int:
         if self.num_gpu_blocks:
@@ -110,6 +113,10 @@ class StepStats:
     iteration_tokens_steps: int = 1  # how many identical steps ``iteration_tokens`` stands for
     num_waiting_deferred: int = 0  # waiting for a LoRA slot, not for capacity
     sleep_level: int = 0  # 0 awake; 1 weights offloaded; 2 weights and KV discarded
+    spec_drafts: int = 0  # speculative decoding: one draft per decoding sequence per step
+    spec_draft_tokens: int = 0
+    spec_accepted: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
     running_loras: tuple[str, ...] = ()
     waiting_loras: tuple[str, ...] = ()
     finished: list[SimRequest] = field(default_factory=list)
@@ -127,6 +134,7 @@ class SimEngine:
         self.running: list[SimRequest] = []
         self.stalled = False
         self.sleep_level = 0
+        self._spec_rng = random.Random(0)
         self._ids = 0
         self._next_token = 100_000
         per_token = kv_bytes_per_token(config.model, config.kv_dtype_bytes, config.tensor_parallel_size)
@@ -257,7 +265,11 @@ class SimEngine:
             return stats
         prefill = sum(n for sim, n in scheduled if sim.request.num_computed_tokens < sim.request.num_prompt_tokens)
         context = sum(sim.request.num_computed_tokens for sim, _ in scheduled)
-        self.now += self.step_seconds(prefill, len(scheduled), context)
+        k = cfg.num_speculative_tokens
+        decoding = len(scheduled) - sum(1 for sim, _ in scheduled
+                                        if sim.request.num_computed_tokens < sim.request.num_prompt_tokens)
+        # Speculation verifies k draft tokens per decoding sequence in the same forward pass.
+        self.now += self.step_seconds(prefill + k * decoding, len(scheduled), context)
         stats.iteration_tokens = sum(n for _, n in scheduled)
         for sim, num_new in scheduled:
             req = sim.request
@@ -268,11 +280,41 @@ class SimEngine:
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk that did not reach the end of the prompt
             self._emit_token(sim, stats)
+            if k and not was_prompt and sim.finished_reason is None:
+                self._accept_drafts(sim, stats, k)
         if stats.finished:
             self.running = [sim for sim in self.running if sim.finished_reason is None]
         self._queue_stats(stats)
         stats.now = self.now
         return stats
+
+    def _accept_drafts(self, sim: SimRequest, stats: StepStats, k: int) -> None:
+        """Speculative decoding's verify step (``RejectionSampler``): the k draft tokens are accepted
+        in order until the first rejection; each accepted one is emitted in this same step (one ITL
+        observation for the step, as vLLM records it)."""
+        stats.spec_drafts += 1
+        stats.spec_draft_tokens += k
+        if len(stats.spec_accepted_per_pos) < k:
+            stats.spec_accepted_per_pos.extend([0] * (k - len(stats.spec_accepted_per_pos)))
+        req = sim.request
+        for pos in range(k):
+            if self._spec_rng.random() >= self.config.spec_acceptance or sim.num_output >= sim.max_tokens:
+                return
+            if self.kv.allocate_slots(req, 1) is None:
+                return  # no slot for the accepted token's KV: it is re-generated next step
+            stats.spec_accepted += 1
+            stats.spec_accepted_per_pos[pos] += 1
+            req.num_computed_tokens += 1
+            sim.num_output += 1
+            stats.generation_tokens += 1
+            sim.last_token_at = self.now
+            if sim.num_output >= sim.max_tokens:
+                sim.finished_reason = "length"
+                self.kv.free(req)
+                stats.finished.append(sim)
+                return
+            req.token_ids.append(self._next_token)
+            self._next_token += 1
 
     def _fits_in_last_block(self, req: Request) -> bool:
         """Fast path of ``allocate_slots`` for one decode token: a free slot in the last block and
@@ -313,7 +355,8 @@ class SimEngine:
 
         Equivalent to k calls of :meth:`step` (same tokens, blocks, times and observations)."""
         cfg = self.config
-        if self.stalled or not self.running or (self.waiting and len(self.running) < cfg.max_num_seqs):
+        if self.stalled or cfg.num_speculative_tokens or not self.running \
+                or (self.waiting and len(self.running) < cfg.max_num_seqs):
             return None
         batch = len(self.running)
         if batch > cfg.max_num_batched_tokens:

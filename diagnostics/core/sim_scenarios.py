@@ -74,6 +74,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "beyond them is turned away with HTTP 503", "admission_rejected",
              replace(BASE, max_num_seqs=8, max_num_queued_reqs=16),
              Workload(rate_per_s=0.0, burst_size=40, burst_every_s=15.0, output_tokens=150)),
+    Scenario("spec_decode_good", "Speculative decoding that pays", "4 draft tokens, 80 % of each accepted: "
+             "about 3 tokens per verify step", "", replace(BASE, num_speculative_tokens=4, spec_acceptance=0.8),
+             Workload(rate_per_s=4.0, output_tokens=300)),
+    Scenario("spec_decode_low", "Speculative decoding mostly rejected", "4 draft tokens, 15 % accepted: the verify "
+             "work is wasted", "spec_low_acceptance", replace(BASE, num_speculative_tokens=4, spec_acceptance=0.15),
+             Workload(rate_per_s=4.0, output_tokens=300)),
     Scenario("data_parallel", "Two engines side by side", "--data-parallel-size 2, load balanced across both",
              "", BASE, Workload(rate_per_s=8.0, shared_prefix_tokens=256), data_parallel_size=2),
     Scenario("hung_rank", "Hung data-parallel rank", "engine 1 of 2 stops; engine 0 serves alone, the totals halve",

@@ -6,7 +6,7 @@ import re
 import time
 from datetime import datetime
 
-from diagnostics.core.derive import Quantile
+from diagnostics.core.derive import SOURCE_NAMES, PromptSources, Quantile
 
 # Everything Streamlit's Markdown (GFM + its directives: :emoji:, :red[...], $latex$) could act on.
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~:$&])")
@@ -113,3 +113,17 @@ def _evidence_value(key: str, value: object) -> str:
     if isinstance(value, float) and not value.is_integer():
         return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
     return f"{value:,.0f}"
+
+
+def prompt_sources_text(sources: PromptSources | None) -> str | None:
+    """``62 % local prefix cache, 38 % computed, 0 % external KV transfer; hits by tier: device 100 %``."""
+    if sources is None or not sources.total:
+        return None
+    parts = [f"{sources.by_source[k] / sources.total * 100:.0f} % {SOURCE_NAMES.get(k, k)}"
+             for k in sorted(sources.by_source, key=lambda k: -sources.by_source[k])]
+    text = ", ".join(parts)
+    tiers = sources.cached_by_tier
+    if tiers and sum(tiers.values()) > 0:
+        total = sum(tiers.values())
+        text += "; hits by tier: " + ", ".join(f"{k} {v / total * 100:.0f} %" for k, v in sorted(tiers.items()) if v)
+    return text

@@ -107,6 +107,16 @@ class SimMetrics:
         self.sleep_state = Gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping; "
                                  "awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; "
                                  "discard_all = 1 means sleep level 2.", labels + ["sleep_state"], registry=r)
+        self.spec: dict[str, Counter] | None = None
+        if config.num_speculative_tokens:
+            self.spec = {
+                "drafts": counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+                "draft_tokens": counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+                "accepted": counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+                "per_pos": counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                   "Accepted tokens per draft position.", ["position"]),
+            }
+        self._k = config.num_speculative_tokens
         # One set of series per data-parallel engine, labelled engine="0", "1", … as vLLM does.
         self._labels = [{"model_name": config.served_model_name, "engine": str(i)} for i in range(num_engines)]
         self._children: list[dict[str, Any]] = []
@@ -122,6 +132,9 @@ class SimMetrics:
                 self.success.labels(**lab, finished_reason=reason)
             for reason in ("capacity", "deferred"):
                 self.waiting_by_reason.labels(**lab, reason=reason)
+            if self.spec is not None:
+                for pos in range(self._k):
+                    self.spec["per_pos"].labels(**lab, position=str(pos))
             self.sleep_state.labels(**lab, sleep_state="awake").set(1)
             for state in ("weights_offloaded", "discard_all"):
                 self.sleep_state.labels(**lab, sleep_state=state).set(0)
@@ -142,6 +155,13 @@ class SimMetrics:
         for state, on in (("awake", stats.sleep_level == 0), ("weights_offloaded", stats.sleep_level == 1),
                           ("discard_all", stats.sleep_level == 2)):
             self.sleep_state.labels(**lab, sleep_state=state).set(1 if on else 0)
+        if self.spec is not None and stats.spec_drafts:
+            self.spec["drafts"].labels(**lab).inc(stats.spec_drafts)
+            self.spec["draft_tokens"].labels(**lab).inc(stats.spec_draft_tokens)
+            self.spec["accepted"].labels(**lab).inc(stats.spec_accepted)
+            for pos, n in enumerate(stats.spec_accepted_per_pos):
+                if n:
+                    self.spec["per_pos"].labels(**lab, position=str(pos)).inc(n)
         c["running"].set(stats.num_running)
         c["waiting"].set(stats.num_waiting)
         c["waiting_capacity"].set(stats.num_waiting - stats.num_waiting_deferred)

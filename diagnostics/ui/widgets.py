@@ -17,12 +17,20 @@ import streamlit as st
 
 from diagnostics.core import figures
 from diagnostics.core.catalog import CacheConfig
-from diagnostics.core.derive import DerivedState, Scrape, last_snapshot, since_start, window
+from diagnostics.core.derive import (
+    DerivedState,
+    Scrape,
+    hit_rate_source,
+    last_snapshot,
+    prompt_sources,
+    since_start,
+    window,
+)
 from diagnostics.core.gpu import GpuReading
 from diagnostics.core.info import ServerInfo, TargetStatus
 from diagnostics.core.sim_scenarios import SCENARIOS
 from diagnostics.core.targets import PrometheusInstance, TargetsConfig
-from diagnostics.core.text import fmt_bytes, fmt_latency, fmt_optional, fmt_when, md_escape
+from diagnostics.core.text import fmt_bytes, fmt_latency, fmt_optional, fmt_when, md_escape, prompt_sources_text
 from diagnostics.sources.vllm_http import normalize_url
 from diagnostics.ui import fleet_view, resources, state
 
@@ -334,10 +342,17 @@ def panels(
             f"{key}-prefix",
             "This server exposes no prefix-cache counters (V0, or prefix caching metrics absent).",
         )
+        sources = prompt_sources_text(prompt_sources(window(shown, quantile_window_seconds)))
+        st.caption(f"Hit rate: {md_escape(hit_rate_source(last.snapshot if last else None))}."
+                   + (f" Prompt tokens over the last {quantile_window_seconds:g} s, at each request's first prefill: "
+                      f"{md_escape(sources)}." if sources else ""))
     with right:
         chart(
             lambda: figures.throughput_figure(shown), f"{key}-throughput", "No token counters yet (needs two scrapes)."
         )
+    if last is not None and last.snapshot is not None and last.snapshot.has("spec_decode_num_drafts"):
+        chart(partial(figures.spec_decode_figure, shown, quantile_window_seconds), f"{key}-spec",
+              "No draft token in this window.")
     engines_panel(shown, key)
     st.subheader("Latency")
     cols = st.columns(2)

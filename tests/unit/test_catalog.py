@@ -7,12 +7,20 @@ import pytest
 from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, parse_snapshot
 
 V0_ONLY = {"num_requests_swapped", "cpu_cache_usage_perc", "gpu_prefix_cache_hit_rate"}
+# Exported only when the server is started with --speculative-config (see the spec-decode payload test).
+SPECULATION_ONLY = {"spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens"}
 
 
 def test_every_v1_concept_is_read_from_a_real_032_payload(burst_text: str) -> None:
     snap = parse_snapshot(burst_text)
     for concept in (*GAUGES, *COUNTERS, *HISTOGRAMS):
-        assert snap.has(concept) == (concept not in V0_ONLY), concept
+        assert snap.has(concept) == (concept not in V0_ONLY | SPECULATION_ONLY), concept
+    # Labelled families of a default 0.32 server, read by label.
+    assert set(snap.by_label("prompt_tokens_by_source") or {}) == {"local_compute", "local_cache_hit",
+                                                                   "external_kv_transfer"}
+    assert "device" in (snap.by_label("prompt_tokens_cached_by_source") or {})
+    assert (snap.by_label("engine_sleep_state") or {}).get("awake") == 1.0
+    assert set(snap.by_label("admission_rejections") or {}) == {"max_num_queued_reqs", "max_num_queued_tokens"}
     assert snap.value("num_requests_running") == 30.0
     assert snap.value("num_requests_waiting") == 0.0
     assert snap.value("kv_cache_usage_perc") == pytest.approx(0.0036623329060612164)

@@ -103,6 +103,15 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         "vllm/config/scheduler.py; observable surface (admission_rejections_total)",
     ),
     KnobRow(
+        "spec-decode",
+        "Speculative decoding accepts few draft tokens",
+        "Fewer num_speculative_tokens (keep the positions accepted often), or speculation off when even the "
+        "first draft token is mostly rejected: verify work then exceeds what it saves",
+        ("--speculative-config",),
+        "num_speculative_tokens ↓, or off",
+        "docs: speculative decoding; observable surface (spec_decode_* counters)",
+    ),
+    KnobRow(
         "ttft-queue",
         "TTFT over budget, mostly queue time",
         "A capacity problem: more concurrent sequences if KV has room (--max-num-seqs ↑), else more KV capacity",

@@ -23,6 +23,7 @@ from diagnostics.core.derive import (
     merge_histograms,
     quantile_estimate,
     restarted,
+    spec_decode,
 )
 from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.engines import engine_name, silent_ranks
@@ -564,6 +565,50 @@ def admission_rejected(ctx: Context) -> list[Finding]:
         time_range=(start, end),
         knobs=("admission",),
         chart="num_requests_waiting",
+    )]
+
+
+def speculative_decoding(ctx: Context) -> list[Finding]:
+    """Speculation that is mostly rejected: fewer ``num_speculative_tokens`` (the positions that
+    are accepted often enough), or none when even the first is mostly rejected and each verify step
+    emits under ``spec_min_gain`` tokens — then it costs more than it gains."""
+    t = ctx.thresholds
+    spec = spec_decode([s for s, _ in ctx.ok])
+    if spec is None or spec.draft_tokens < t.spec_min_draft_tokens:
+        return []
+    rate, length, k = spec.acceptance_rate, spec.mean_accepted_length, spec.num_speculative_tokens
+    if rate is None or length is None or k is None or rate >= t.spec_low_acceptance:
+        return []
+    per_pos = spec.per_position_rate
+    keep = next((i for i, r in enumerate(per_pos) if r < t.spec_keep_position), len(per_pos))
+    off = keep == 0 and length < t.spec_min_gain
+    if off:
+        suggestion = Suggestion("--speculative-config", "set", None,
+                                f"Drop --speculative-config: each verify step emits {length:.2f} tokens on average "
+                                f"while checking {k + 1}, so speculation costs more compute than it saves.")
+    else:
+        value = max(1, keep)
+        suggestion = Suggestion("--speculative-config", "decrease", f"'{{\"num_speculative_tokens\": {value}, …}}'",
+                                f"Draft positions past {value} are accepted under "
+                                f"{t.spec_keep_position * 100:.0f} % of the time: drafting them wastes verify work.")
+    start, end = ctx.ok[0][0].ts, ctx.ok[-1][0].ts
+    return [Finding(
+        id="spec_low_acceptance",
+        severity="warning",
+        title=f"Speculative decoding mostly rejected: {rate * 100:.0f} % of draft tokens accepted, "
+        f"{length:.2f} tokens per verify step with {k} drafted" + ("; it costs more than it gains" if off else ""),
+        evidence={"acceptance_rate_perc": rate, "mean_accepted_length": round(length, 3), "num_speculative_tokens": k,
+                  "per_position_acceptance": [f"{i}: {r * 100:.0f} %" for i, r in enumerate(per_pos)],
+                  "drafts": spec.drafts, "draft_tokens": spec.draft_tokens, "window": _span(ctx)},
+        suggestions=(suggestion,),
+        checks=(
+            "Acceptance depends on the traffic: n-gram lookup needs outputs that repeat the prompt (code edits, "
+            "extraction); a draft model needs one trained like the target. Compare ITL with speculation off.",
+            "Keep the change only if ITL p50 and throughput improve at the same load (the Probe page measures it).",
+        ),
+        time_range=(start, end),
+        knobs=("spec-decode",),
+        chart="spec_decode_acceptance",
     )]
 
 

@@ -70,6 +70,8 @@ RULES: tuple[Rule, ...] = (
          chart="num_requests_waiting", alert=None, scenario="lora_deferred", while_tokens_stopped=False),
     Rule("admission_rejected", rules.admission_rejected, ("admission_rejected",), ("admission",),
          chart="num_requests_waiting", alert=None, scenario="admission_limit", while_tokens_stopped=False),
+    Rule("speculative_decoding", rules.speculative_decoding, ("spec_low_acceptance",), ("spec-decode",),
+         chart="spec_decode_acceptance", alert=None, scenario="spec_decode_low"),
     Rule("head_of_line", rules.head_of_line, ("head_of_line_blocking",), ("head-of-line",),
          chart="inter_token_latency_seconds", alert=None, scenario="head_of_line"),
     Rule("slow_decode", rules.slow_decode, ("slow_decode", "itl_budget_unset", "absent:decode_speed"),

@@ -92,6 +92,10 @@ class Thresholds:
     hung_rank_peer_batch: float = 1.05
     slow_scrape_max_seconds: float = 5.0  # timed-out scrapes, answered again within this: slow, not down
     slow_scrape_warning_count: int = 3  # this many late scrapes in the window is a warning (fewer: info)
+    spec_min_draft_tokens: float = 200.0  # judge speculation only on this many drafted tokens
+    spec_low_acceptance: float = 0.3  # accepted / drafted tokens below this: speculation mostly wasted
+    spec_keep_position: float = 0.5  # keep draft positions accepted at least this often
+    spec_min_gain: float = 1.5  # mean accepted length (tokens per verify step) below this: costs more than it gains
     max_gpu_memory_utilization: float = 0.95
 
 
