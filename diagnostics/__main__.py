@@ -37,7 +37,7 @@ from diagnostics.core.diagnosis import (
 from diagnostics.core.diagnosis.alerts import alert_rules_yaml
 from diagnostics.core.info import ServerInfo
 from diagnostics.core.promql import Scope, parse_duration, parse_selector
-from diagnostics.core.text import evidence_rows, fmt_seconds_as_ms, prompt_sources_text
+from diagnostics.core.text import evidence_rows, fmt_seconds_as_ms, prompt_sources_text, roofline_text
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV, VllmClient, api_key_from_env
@@ -225,6 +225,9 @@ def status_object(
         "prompt_tokens_by_source": state.prompt_sources.by_source if state.prompt_sources else None,
         "prompt_tokens_cached_by_tier": state.prompt_sources.cached_by_tier if state.prompt_sources else None,
         "prompt_sources_text": prompt_sources_text(state.prompt_sources),
+        "roofline_text": roofline_text(state.roofline, None),
+        "spec_decode_acceptance_rate": state.spec_decode.acceptance_rate if state.spec_decode else None,
+        "spec_decode_mean_accepted_length": state.spec_decode.mean_accepted_length if state.spec_decode else None,
         "engines": [{"engine": e.engine, "model_name": e.model_name, "kv_cache_usage_perc": e.kv_cache_usage_perc,
                      "num_requests_running": e.num_requests_running, "num_requests_waiting": e.num_requests_waiting,
                      "generation_tokens_rate": e.generation_tokens_rate, "prompt_tokens_rate": e.prompt_tokens_rate}
@@ -286,6 +289,10 @@ def render_status(obj: dict[str, Any]) -> str:
         f"   (caching {'on' if obj['enable_prefix_caching'] else 'off' if obj['enable_prefix_caching'] is False else '—'})",
         *([f"prompt from   {obj['prompt_sources_text']}"] if obj.get("prompt_sources_text") else []),
         f"preemptions   {_fmt(obj['num_preemptions_rate'], '/s', digits=2)}",
+        *([f"speculation   {_fmt(obj['spec_decode_acceptance_rate'], ' %', 100)} of draft tokens accepted, "
+           f"{_fmt(obj['spec_decode_mean_accepted_length'], digits=2)} tokens per verify step"]
+          if obj.get("spec_decode_acceptance_rate") is not None else []),
+        *([f"roofline      {obj['roofline_text']}"] if obj.get("roofline_text") else []),
         f"throughput    prompt {_fmt(obj['prompt_tokens_rate'], ' tok/s')}"
         f"   generation {_fmt(obj['generation_tokens_rate'], ' tok/s')}",
         f"TTFT          p50 {_lat(obj, 'ttft_p50')}   p95 {_lat(obj, 'ttft_p95')}",

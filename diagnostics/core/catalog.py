@@ -37,6 +37,10 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "num_preemptions": ("vllm:num_preemptions",),
     "prompt_tokens": ("vllm:prompt_tokens",),
     "generation_tokens": ("vllm:generation_tokens",),
+    # vLLM's analytic estimate of the work per GPU (present with --enable-mfu-metrics; 0 without it).
+    "estimated_flops_per_gpu": ("vllm:estimated_flops_per_gpu",),
+    "estimated_read_bytes_per_gpu": ("vllm:estimated_read_bytes_per_gpu",),
+    "estimated_write_bytes_per_gpu": ("vllm:estimated_write_bytes_per_gpu",),
     # Speculative decoding (present only with --speculative-config; 0.9.2+ names).
     "spec_decode_num_drafts": ("vllm:spec_decode_num_drafts",),
     "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens",),

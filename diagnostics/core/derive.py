@@ -368,6 +368,34 @@ def hit_rate_source(snapshot: Snapshot | None) -> str:
     return "not exported"
 
 
+@dataclass(frozen=True, slots=True)
+class Roofline:
+    """What vLLM estimates each GPU did over a window (``estimated_*_per_gpu``, --enable-mfu-metrics):
+    FLOP/s and memory bytes/s, and their ratio, the arithmetic intensity."""
+
+    flops_per_second: float
+    read_bytes_per_second: float
+    write_bytes_per_second: float
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.read_bytes_per_second + self.write_bytes_per_second
+
+    @property
+    def flops_per_byte(self) -> float | None:
+        return self.flops_per_second / self.bytes_per_second if self.bytes_per_second else None
+
+
+def roofline(scrapes: Sequence[Scrape]) -> Roofline | None:
+    """None when the counters are absent or did not move (the server runs without --enable-mfu-metrics)."""
+    rates = [counter_rate(scrapes, c) for c in
+             ("estimated_flops_per_gpu", "estimated_read_bytes_per_gpu", "estimated_write_bytes_per_gpu")]
+    flops, read, write = rates
+    if flops is None or read is None or write is None or not (flops or read or write):
+        return None
+    return Roofline(flops, read, write)
+
+
 def spec_decode(scrapes: Sequence[Scrape]) -> SpecDecode | None:
     """The window's speculative-decoding counters (None when the server does not speculate)."""
     drafts = counter_increase(scrapes, "spec_decode_num_drafts")
@@ -430,6 +458,8 @@ class DerivedState:
     engines: tuple[EngineState, ...] = ()  # one per engine label, when the server has more than one
     asleep: dict[str, str] | None = None  # engine index → sleep state, for engines put to sleep now
     prompt_sources: PromptSources | None = None  # where prompt tokens came from (0.16+)
+    roofline: Roofline | None = None  # vLLM's per-GPU work estimate (--enable-mfu-metrics)
+    spec_decode: SpecDecode | None = None  # speculative decoding over the window
 
     def quantile(self, concept: str, q: float) -> Quantile | None:
         values = self.quantiles.get(concept)
@@ -515,6 +545,8 @@ def derive_state(history: Sequence[Scrape], window_seconds: float = 60.0, end: f
         engines=_engine_states(scrapes, snap),
         asleep={key[1] or "0": level for key, level in snap.asleep().items()} if snap is not None else None,
         prompt_sources=prompt_sources(scrapes),
+        roofline=roofline(scrapes),
+        spec_decode=spec_decode(scrapes),
     )
 
 

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from diagnostics.core.catalog import RATIOS, CacheConfig, EngineKey, Snapshot
 from diagnostics.core.derive import Scrape, spec_decode
-from diagnostics.core.gpu import GpuMemory
+from diagnostics.core.gpu import DevicePeak, GpuMemory
 from diagnostics.core.series import (
     QuantileSeries,
     Series,
@@ -243,6 +243,32 @@ def spec_decode_figure(history: Sequence[Scrape], window_seconds: float) -> go.F
     title = "Speculative decoding: draft acceptance" + (
         f" (mean accepted length {length:.2f} tokens/step)" if length is not None else "")
     return _layout(fig, title, f"% accepted ({window_seconds:g} s)", yaxis_range=[0, 105])
+
+
+def roofline_figure(history: Sequence[Scrape], peak: DevicePeak | None = None) -> go.Figure | None:
+    """vLLM's estimate of the work per GPU over time: TFLOP/s and memory TB/s (5 s average), as a
+    share of the device's datasheet peaks when the device is known; None without the counters."""
+    flops = rate_series(history, lambda s: s.value("estimated_flops_per_gpu"))
+    read = rate_series(history, lambda s: s.value("estimated_read_bytes_per_gpu"))
+    write = rate_series(history, lambda s: s.value("estimated_write_bytes_per_gpu"))
+    if not any(v for v in flops.values if v) and not any(v for v in read.values if v):
+        return None
+    moved = [(r or 0.0) + (w or 0.0) if r is not None else None for r, w in zip(read.values, write.values)]
+    fig = go.Figure()
+    if peak is not None:
+        for series, values, name, full in ((flops, flops.values, "compute (MFU)", peak.flops_per_second),
+                                           (read, moved, "memory bandwidth", peak.bandwidth_bytes_per_second)):
+            fig.add_trace(go.Scatter(x=_times(series.ts), y=[v / full * 100 if v is not None else None for v in values],
+                                     name=name, mode="lines", hovertemplate="%{y:.1f} % of peak<extra>" + name
+                                     + "</extra>"))
+        return _layout(fig, f"Roofline (vLLM's estimate) against the {peak.name}", "% of datasheet peak",
+                       yaxis_rangemode="tozero")
+    fig.add_trace(go.Scatter(x=_times(flops.ts), y=[v / 1e12 if v is not None else None for v in flops.values],
+                             name="TFLOP/s", mode="lines", line={"color": "#9467bd"}))
+    fig.add_trace(go.Scatter(x=_times(read.ts), y=[v / 1e12 if v is not None else None for v in moved],
+                             name="memory TB/s", mode="lines", line={"color": "#17becf"}, yaxis="y2"))
+    fig.update_layout(yaxis2={"title": "TB/s", "overlaying": "y", "side": "right", "rangemode": "tozero"})
+    return _layout(fig, "Work per GPU (vLLM's estimate)", "TFLOP/s", yaxis_rangemode="tozero")
 
 
 def latency_figure(history: Sequence[Scrape], concept: str, window_seconds: float) -> go.Figure | None:

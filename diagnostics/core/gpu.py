@@ -47,3 +47,41 @@ class GpuReading:
             return None
         devices = tuple(d for d in (GpuMemory.from_json(e) for e in entries if isinstance(e, Mapping)) if d)
         return cls(devices)
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePeak:
+    """A device's datasheet peaks: dense BF16 tensor FLOP/s (no sparsity) and memory bandwidth."""
+
+    name: str
+    flops_per_second: float
+    bandwidth_bytes_per_second: float
+    source: str
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity where the roofline turns from memory-bound to compute-bound."""
+        return self.flops_per_second / self.bandwidth_bytes_per_second
+
+
+# Matched against the NVML device name, most specific first.
+DEVICE_PEAKS: tuple[tuple[str, DevicePeak], ...] = (
+    ("H200", DevicePeak("H200 SXM", 989e12, 4.8e12, "NVIDIA H200 Tensor Core GPU datasheet")),
+    ("H100 PCIe", DevicePeak("H100 PCIe", 756e12, 2.0e12, "NVIDIA H100 Tensor Core GPU datasheet (PCIe)")),
+    ("H100", DevicePeak("H100 SXM", 989e12, 3.35e12, "NVIDIA H100 Tensor Core GPU datasheet (SXM)")),
+    ("A100-SXM4-80GB", DevicePeak("A100 80GB SXM", 312e12, 2.039e12, "NVIDIA A100 Tensor Core GPU datasheet")),
+    ("A100 80GB PCIe", DevicePeak("A100 80GB PCIe", 312e12, 1.935e12, "NVIDIA A100 Tensor Core GPU datasheet")),
+    ("A100", DevicePeak("A100 40GB", 312e12, 1.555e12, "NVIDIA A100 Tensor Core GPU datasheet")),
+    ("L40S", DevicePeak("L40S", 362e12, 864e9, "NVIDIA L40S datasheet")),
+    ("L4", DevicePeak("L4", 121e12, 300e9, "NVIDIA L4 Tensor Core GPU datasheet")),
+)
+
+
+def peak_for(device_name: str | None) -> DevicePeak | None:
+    """The datasheet peaks for an NVML device name (None for a device not in the table)."""
+    if not device_name:
+        return None
+    for key, peak in DEVICE_PEAKS:
+        if key.lower() in device_name.lower():
+            return peak
+    return None

@@ -117,6 +117,9 @@ class StepStats:
     spec_draft_tokens: int = 0
     spec_accepted: int = 0
     spec_accepted_per_pos: list[int] = field(default_factory=list)
+    estimated_flops: float = 0.0  # per GPU, as vLLM's --enable-mfu-metrics estimates them
+    estimated_read_bytes: float = 0.0
+    estimated_write_bytes: float = 0.0
     running_loras: tuple[str, ...] = ()
     waiting_loras: tuple[str, ...] = ()
     finished: list[SimRequest] = field(default_factory=list)
@@ -178,6 +181,14 @@ class SimEngine:
         stats.waiting_loras = tuple(sorted({s.lora for s in self.waiting if s.lora}))
 
     # -- cost model ----------------------------------------------------------------------------
+
+    def work(self, prefill_tokens: int, num_seqs: int, context_tokens: int) -> tuple[float, float, float]:
+        """One step's FLOPs, bytes read and bytes written per GPU (the cost model below, which is what
+        vLLM's ``estimated_*_per_gpu`` counters estimate): weights and KV read, new KV written."""
+        cfg = self.config
+        tokens = prefill_tokens + num_seqs
+        flops = 2 * cfg.model.num_params / max(1, cfg.tensor_parallel_size) * tokens
+        return flops, self._weight_bytes + context_tokens * self._kv_bytes_per_token, tokens * self._kv_bytes_per_token
 
     def step_seconds(self, prefill_tokens: int, num_seqs: int, context_tokens: int) -> float:
         """One step: ``num_seqs`` scheduled sequences holding ``context_tokens`` of KV between them,
@@ -270,6 +281,8 @@ class SimEngine:
                                         if sim.request.num_computed_tokens < sim.request.num_prompt_tokens)
         # Speculation verifies k draft tokens per decoding sequence in the same forward pass.
         self.now += self.step_seconds(prefill + k * decoding, len(scheduled), context)
+        stats.estimated_flops, stats.estimated_read_bytes, stats.estimated_write_bytes = self.work(
+            prefill + k * decoding, len(scheduled), context)
         stats.iteration_tokens = sum(n for _, n in scheduled)
         for sim, num_new in scheduled:
             req = sim.request
@@ -377,12 +390,15 @@ class SimEngine:
             return None
         times: list[float] = []
         t = self.now
+        work = [0.0, 0.0, 0.0]
         for i in range(k):
             step = self.step_seconds(0, batch, context + i * batch)
             if t + step > horizon and i > 0:
                 break
             t += step
             times.append(step)
+            for j, amount in enumerate(self.work(0, batch, context + i * batch)):
+                work[j] += amount
         k = len(times)
         if k < 2:
             return None
@@ -411,6 +427,7 @@ class SimEngine:
         stats.iteration_tokens = batch
         stats.iteration_tokens_steps = k
         stats.itl_weighted = [(step, batch) for step in times]
+        stats.estimated_flops, stats.estimated_read_bytes, stats.estimated_write_bytes = work
         stats.now = self.now
         self._queue_stats(stats)
         return stats

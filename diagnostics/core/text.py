@@ -6,7 +6,8 @@ import re
 import time
 from datetime import datetime
 
-from diagnostics.core.derive import SOURCE_NAMES, PromptSources, Quantile
+from diagnostics.core.derive import SOURCE_NAMES, PromptSources, Quantile, Roofline
+from diagnostics.core.gpu import DevicePeak
 
 # Everything Streamlit's Markdown (GFM + its directives: :emoji:, :red[...], $latex$) could act on.
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~:$&])")
@@ -127,3 +128,29 @@ def prompt_sources_text(sources: PromptSources | None) -> str | None:
         total = sum(tiers.values())
         text += "; hits by tier: " + ", ".join(f"{k} {v / total * 100:.0f} %" for k, v in sorted(tiers.items()) if v)
     return text
+
+
+def _si(value: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:,.3g} {prefix}{unit}"
+    return f"{value:,.3g} {unit}"
+
+
+def roofline_text(roof: Roofline | None, peak: DevicePeak | None) -> str | None:
+    """The live roofline in words: achieved work per GPU, and against the device's peaks where known."""
+    if roof is None:
+        return None
+    text = f"vLLM estimates {_si(roof.flops_per_second, 'FLOP/s')} and {_si(roof.bytes_per_second, 'B/s')} per GPU"
+    intensity = roof.flops_per_byte
+    if intensity is not None:
+        text += f" ({intensity:,.3g} FLOP/byte)"
+    if peak is None:
+        return text + "; no datasheet peak for this device here (NVML reports the device on the GPU host)."
+    mfu = roof.flops_per_second / peak.flops_per_second
+    bandwidth = roof.bytes_per_second / peak.bandwidth_bytes_per_second
+    if intensity is not None and intensity < peak.ridge_flops_per_byte:
+        verdict = f"memory-bound at {bandwidth * 100:.0f} % of the {peak.name}'s HBM bandwidth (MFU {mfu * 100:.1f} %)"
+    else:
+        verdict = f"compute-bound at MFU {mfu * 100:.1f} % of the {peak.name}'s peak ({bandwidth * 100:.0f} % of bandwidth)"
+    return f"{text}: {verdict}; peaks from the {peak.source}."

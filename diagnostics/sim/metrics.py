@@ -107,6 +107,14 @@ class SimMetrics:
         self.sleep_state = Gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping; "
                                  "awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; "
                                  "discard_all = 1 means sleep level 2.", labels + ["sleep_state"], registry=r)
+        self.work = {
+            "flops": counter("vllm:estimated_flops_per_gpu", "Estimated number of floating point operations per GPU "
+                             "(for Model Flops Utilization calculations)."),
+            "read": counter("vllm:estimated_read_bytes_per_gpu", "Estimated number of bytes read from memory per GPU "
+                            "(for Model Flops Utilization calculations)."),
+            "write": counter("vllm:estimated_write_bytes_per_gpu", "Estimated number of bytes written to memory per "
+                             "GPU (for Model Flops Utilization calculations)."),
+        }
         self.spec: dict[str, Counter] | None = None
         if config.num_speculative_tokens:
             self.spec = {
@@ -155,6 +163,10 @@ class SimMetrics:
         for state, on in (("awake", stats.sleep_level == 0), ("weights_offloaded", stats.sleep_level == 1),
                           ("discard_all", stats.sleep_level == 2)):
             self.sleep_state.labels(**lab, sleep_state=state).set(1 if on else 0)
+        if stats.estimated_flops:
+            self.work["flops"].labels(**lab).inc(stats.estimated_flops)
+            self.work["read"].labels(**lab).inc(stats.estimated_read_bytes)
+            self.work["write"].labels(**lab).inc(stats.estimated_write_bytes)
         if self.spec is not None and stats.spec_drafts:
             self.spec["drafts"].labels(**lab).inc(stats.spec_drafts)
             self.spec["draft_tokens"].labels(**lab).inc(stats.spec_draft_tokens)

@@ -23,14 +23,23 @@ from diagnostics.core.derive import (
     hit_rate_source,
     last_snapshot,
     prompt_sources,
+    roofline,
     since_start,
     window,
 )
-from diagnostics.core.gpu import GpuReading
+from diagnostics.core.gpu import GpuReading, peak_for
 from diagnostics.core.info import ServerInfo, TargetStatus
 from diagnostics.core.sim_scenarios import SCENARIOS
 from diagnostics.core.targets import PrometheusInstance, TargetsConfig
-from diagnostics.core.text import fmt_bytes, fmt_latency, fmt_optional, fmt_when, md_escape, prompt_sources_text
+from diagnostics.core.text import (
+    fmt_bytes,
+    fmt_latency,
+    fmt_optional,
+    fmt_when,
+    md_escape,
+    prompt_sources_text,
+    roofline_text,
+)
 from diagnostics.sources.vllm_http import normalize_url
 from diagnostics.ui import fleet_view, resources, state
 
@@ -353,6 +362,7 @@ def panels(
     if last is not None and last.snapshot is not None and last.snapshot.has("spec_decode_num_drafts"):
         chart(partial(figures.spec_decode_figure, shown, quantile_window_seconds), f"{key}-spec",
               "No draft token in this window.")
+    roofline_panel(shown, quantile_window_seconds, gpus, key)
     engines_panel(shown, key)
     st.subheader("Latency")
     cols = st.columns(2)
@@ -382,6 +392,23 @@ def panels(
                 + ". It is read with NVML when the dashboard runs on the GPU host; vLLM's /metrics has no "
                 "GPU-memory metric."
             )
+
+
+def roofline_panel(shown: Sequence[Scrape], window_seconds: float, gpus: GpuReading | None, key: str) -> None:
+    """vLLM's estimate of the work per GPU, against the device's peaks when NVML names it."""
+    last = last_snapshot(shown)
+    if last is None or last.snapshot is None or not last.snapshot.has("estimated_flops_per_gpu"):
+        return
+    roof = roofline(window(shown, window_seconds))
+    if roof is None:
+        st.caption("Live roofline: off. vLLM estimates FLOP/s and memory traffic per GPU when the server runs with "
+                   "`--enable-mfu-metrics` (its estimated_*_per_gpu counters stay 0 without it).")
+        return
+    peak = peak_for(gpus.devices[0].name) if gpus is not None and gpus.devices else None
+    chart(partial(figures.roofline_figure, shown, peak), f"{key}-roofline", "No work estimate in this window.")
+    text = roofline_text(roof, peak)
+    if text:
+        st.caption(md_escape(text))
 
 
 def engines_panel(shown: Sequence[Scrape], key: str) -> None:
