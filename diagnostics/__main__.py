@@ -658,7 +658,7 @@ def build_parser() -> _Parser:
     simulate = sub.add_parser("simulate", help="run the simulated vLLM engine's HTTP surface on loopback")
     simulate.add_argument("--scenario", default="healthy", help="healthy, queue_at_cap, kv_pressure, head_of_line, "
                           "parallel_no_prefix, parallel_sampling, slow_decode, stall, asleep, lora_deferred, admission_limit, "
-                          "data_parallel, hung_rank")
+                          "spec_decode_good, spec_decode_low, data_parallel, slow_rank, hung_rank")
     simulate.add_argument("--port", type=int, default=8000)
     simulate.add_argument("--host", default="127.0.0.1")
     simulate.add_argument("--speed", type=_positive, default=1.0, help="simulated seconds per wall second")

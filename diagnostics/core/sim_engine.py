@@ -137,6 +137,7 @@ class SimEngine:
         self.running: list[SimRequest] = []
         self.stalled = False
         self.sleep_level = 0
+        self.slowdown = 1.0  # a degraded device: every step takes this many times longer
         self._spec_rng = random.Random(0)
         self._ids = 0
         self._next_token = 100_000
@@ -199,7 +200,7 @@ class SimEngine:
         memory_time = (self._weight_bytes + kv_read) / cfg.gpu.bandwidth_bytes_per_s
         compute_time = 2 * cfg.model.num_params / max(1, cfg.tensor_parallel_size) * tokens / (
             cfg.gpu.flops * COMPUTE_EFFICIENCY)
-        return max(memory_time, compute_time) + cfg.gpu.step_overhead_s
+        return (max(memory_time, compute_time) + cfg.gpu.step_overhead_s) * self.slowdown
 
     # -- one iteration -------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ class Scenario:
     data_parallel_size: int = 1  # engines side by side, as --data-parallel-size starts them
     hung_rank: int | None = None  # the engine that stops (its process stopped: its metrics freeze)
     sleep_level: int = 0  # put to sleep at this level (POST /sleep) after a while
+    slow_rank: int | None = None  # this engine's device is degraded: its steps take 4× longer
 
 
 BASE = EngineConfig()
@@ -82,6 +83,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              Workload(rate_per_s=4.0, output_tokens=300)),
     Scenario("data_parallel", "Two engines side by side", "--data-parallel-size 2, load balanced across both",
              "", BASE, Workload(rate_per_s=8.0, shared_prefix_tokens=256), data_parallel_size=2),
+    Scenario("slow_rank", "Engines out of balance (a slow rank)", "engine 1 of 2 on a degraded device: its steps "
+             "take 4× longer, so it holds more requests and KV than its peer", "engine_imbalance",
+             replace(BASE, num_gpu_blocks=3000), Workload(rate_per_s=10.0, prompt_tokens=300, output_tokens=300),
+             data_parallel_size=2, slow_rank=1),
     Scenario("hung_rank", "Hung data-parallel rank", "engine 1 of 2 stops; engine 0 serves alone, the totals halve",
              "hung_rank", BASE, Workload(rate_per_s=8.0), data_parallel_size=2, hung_rank=1),
 )}
@@ -144,9 +149,11 @@ def make_engines(scenario: Scenario, seed: int = 0, now: float = 0.0) -> tuple[l
     """Fresh engines for the scenario (one per data-parallel rank) whose clocks (and workload)
     start at ``now``."""
     engines = []
-    for _ in range(scenario.data_parallel_size):
+    for rank in range(scenario.data_parallel_size):
         engine = SimEngine(scenario.config)
         engine.now = now
+        if rank == scenario.slow_rank:
+            engine.slowdown = 4.0
         engines.append(engine)
     return engines, WorkloadGenerator(scenario.workload, now, seed)
 

@@ -6,13 +6,17 @@ engine; and the real DP recordings of the corpus are judged the same way."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from diagnostics.core.catalog import parse_snapshot
 from diagnostics.core.derive import Scrape, derive_state
 from diagnostics.core.diagnosis import diagnose, prepare
-from diagnostics.core.diagnosis.engines import per_engine, silent_ranks
+from diagnostics.core.diagnosis.engines import per_engine, silent_ranks, slow_ranks
 from diagnostics.core.figures import ENGINE_PANELS, engines_figure
+from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
+
+INCIDENTS = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
 
 ENGINE_FAMILIES = ("generation_tokens_total", "prompt_tokens_total")
 
@@ -121,3 +125,41 @@ def test_the_simulated_hung_rank_freezes_one_engines_counters_only() -> None:
     late = scrapes[25:]  # the rank stops 20 s in
     gen = {k: [s.snapshot.value("generation_tokens", ("sim-llama-3.1-8b", k)) for s in late] for k in ("0", "1")}
     assert len(set(gen["1"])) == 1 and gen["0"][-1] > gen["0"][0]
+
+
+def test_a_rank_serving_a_quarter_of_its_peers_tokens_is_slow_not_hung() -> None:
+    # Engine 1 makes 100 steps a second of 1 token, engine 0 400 steps of 1.5 tokens, for 20 s.
+    rows = [({"gen": 600.0 * t, "steps": 400.0 * t}, {"gen": 100.0 * t, "steps": 100.0 * t}) for t in range(20)]
+    scrapes = window(rows)
+    ranks = slow_ranks([(s, s.snapshot) for s in scrapes], 10.0, 0.4)
+    assert [r.engine for r in ranks] == [("m", "1")]
+    rank = ranks[0]
+    assert (rank.tokens_per_second, rank.peer_tokens_per_second) == (100.0, 600.0)
+    assert (rank.steps_per_second, rank.peer_steps_per_second) == (100.0, 400.0)
+    findings = diagnose(prepare(scrapes))
+    assert [f.id for f in findings if f.severity != "info"] == ["engine_imbalance"]
+    assert "17 % of its peers' tokens" in findings[0].title
+
+
+def test_engines_within_the_ratio_or_briefly_apart_are_not_slow() -> None:
+    even = window([({"gen": 300.0 * t, "steps": 300.0 * t}, {"gen": 150.0 * t, "steps": 150.0 * t})
+                   for t in range(20)])  # half the peer's tokens: above 0.4
+    assert slow_ranks([(s, s.snapshot) for s in even], 10.0, 0.4) == []
+    brief = window([({"gen": 600.0 * t, "steps": 400.0 * t}, {"gen": 100.0 * t if t < 6 else 600 + 600.0 * (t - 6),
+                                                              "steps": 100.0 * t}) for t in range(14)])
+    assert slow_ranks([(s, s.snapshot) for s in brief], 10.0, 0.4) == []
+
+
+def test_the_real_dp_recordings_show_no_slow_rank() -> None:
+    """Two real --data-parallel-size 2 servers, healthy and with a rank stopped: the stopped one is
+    the hung-rank rule's (it produced nothing), neither is called slow."""
+    for name in ("healthy_data_parallel", "hung_rank_dp2", "hung_rank_dp2_mid"):
+        scrapes = read_recording(INCIDENTS / f"{name}.jsonl.gz").scrapes()
+        ok = [(s, s.snapshot) for s in scrapes if s.snapshot is not None]
+        assert slow_ranks(ok, 10.0, 0.4) == [], name
+
+
+def test_the_simulated_slow_rank_is_named() -> None:
+    scrapes = [Scrape(t, parse_snapshot(text)) for t, text in Simulation("slow_rank").run_for(40)]
+    found = [f for f in diagnose(prepare(scrapes)) if f.id == "engine_imbalance"]
+    assert [f.evidence["engine"] for f in found] == ["1"] and found[0].evidence["share_of_peer_tokens_perc"] < 0.4

@@ -96,7 +96,7 @@ def _contexts() -> dict[str, Context]:
         "sharing_disabled": prepare(sampled),
         "absent": prepare(bare),
         **{name: prepare([Scrape(ts, parse_snapshot(t)) for ts, t in Simulation(name).run_for(40)])
-           for name in ("hung_rank", "lora_deferred", "admission_limit", "asleep", "spec_decode_low")},
+           for name in ("hung_rank", "lora_deferred", "admission_limit", "asleep", "spec_decode_low", "slow_rank")},
         "real_recording": prepare(recording.scrapes(), info=recording.info(), budgets=Budgets(itl_ms=1, ttft_ms=1)),
     }
     for log in FIXTURES.glob("log-*.txt"):

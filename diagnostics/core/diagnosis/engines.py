@@ -169,3 +169,74 @@ def _judge(
         return None  # the peers took one request at a time: this rank may simply have had none
     return SilentRank(engine, since, until, at_end and until >= last_ts,
                       sum(iv.generation_tokens or 0.0 for iv in serving), max_batch, running, waiting, usage)
+
+
+@dataclass(frozen=True, slots=True)
+class SlowRank:
+    """An engine that, over ``since``…``until``, generated a small share of what its peers did per
+    engine while producing tokens all along: the balancer split the requests, the rank served slowly."""
+
+    engine: EngineKey
+    since: float
+    until: float
+    tokens_per_second: float
+    peer_tokens_per_second: float
+    steps_per_second: float | None
+    peer_steps_per_second: float | None
+
+    @property
+    def ratio(self) -> float:
+        return self.tokens_per_second / self.peer_tokens_per_second if self.peer_tokens_per_second else 1.0
+
+
+def slow_ranks(ok: Sequence[tuple[Scrape, Snapshot]], window_seconds: float, max_ratio: float) -> list[SlowRank]:
+    """Engines whose generated tokens over every trailing ``window_seconds`` stayed at or below
+    ``max_ratio`` of their peers' mean, for at least that long, while they kept producing (a silent
+    engine is :func:`silent_ranks`'s). vLLM's balancer evens out requests in flight, so a rank that
+    serves them slower shows as fewer tokens a second, not as a longer queue."""
+    work = per_engine(ok)
+    if len(work) < 2:
+        return []
+    found = []
+    for engine, intervals in work.items():
+        peers = {key: ivs for key, ivs in work.items() if key != engine}
+        flagged: list[tuple[EngineInterval, bool]] = []
+        for i, iv in enumerate(intervals):
+            span = [j for j in range(i + 1) if intervals[j].start >= iv.end - window_seconds]
+            seconds = iv.end - intervals[span[0]].start
+            mine = [intervals[j] for j in span]
+            if seconds < window_seconds * 0.8 or any(not x.generation_tokens for x in mine):
+                flagged.append((iv, False))
+                continue
+            own = sum(x.generation_tokens or 0.0 for x in mine)
+            others = [sum(ivs[j].generation_tokens or 0.0 for j in span) for ivs in peers.values()]
+            mean = sum(others) / len(others)
+            flagged.append((iv, mean > 0 and own <= max_ratio * mean))
+        run: list[EngineInterval] = []
+        for point, bad in [*flagged, (None, False)]:
+            if bad and point is not None:
+                run.append(point)
+                continue
+            if run and run[-1].end - run[0].start >= window_seconds:
+                found.append(_slow(engine, run, work, window_seconds))
+            run = []
+    return found
+
+
+def _slow(engine: EngineKey, run: list[EngineInterval], work: dict[EngineKey, list[EngineInterval]],
+          window_seconds: float) -> SlowRank:
+    first = min(iv.start for ivs in work.values() for iv in ivs)
+    since, until = max(first, run[0].start - window_seconds), run[-1].end
+    seconds = until - since
+
+    def rates(key: EngineKey) -> tuple[float, float | None]:
+        ivs = [iv for iv in work[key] if since <= iv.start and iv.end <= until]
+        steps = [iv.steps for iv in ivs if iv.steps is not None]
+        return (sum(iv.generation_tokens or 0.0 for iv in ivs) / seconds,
+                sum(steps) / seconds if steps else None)
+
+    own_tokens, own_steps = rates(engine)
+    peer = [rates(key) for key in work if key != engine]
+    peer_steps = [s for _, s in peer if s is not None]
+    return SlowRank(engine, since, until, own_tokens, sum(t for t, _ in peer) / len(peer), own_steps,
+                    sum(peer_steps) / len(peer_steps) if peer_steps else None)

@@ -147,6 +147,15 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         "observable surface §1 (engine label) and vllm/v1/engine/core_client.py (DP load balancing)",
     ),
     KnobRow(
+        "slow-rank",
+        "One data-parallel engine serves far fewer tokens than its peers",
+        "A slow rank (throttled or faulty device, a busy host): check that device and host; the balancer evens "
+        "out requests, not speed, so its users see the slow tail",
+        (),
+        "fix or drain the rank",
+        "vllm/v1/engine/core_client.py (DP load balancing by requests in flight)",
+    ),
+    KnobRow(
         "asleep",
         "Engine asleep (engine_sleep_state awake = 0): nothing served, /health still answers",
         "Someone called /sleep (sleep mode): wake it with /wake_up, or find the owner that put it to sleep; "

@@ -26,7 +26,7 @@ from diagnostics.core.derive import (
     spec_decode,
 )
 from diagnostics.core.diagnosis.context import Context, episodes
-from diagnostics.core.diagnosis.engines import engine_name, silent_ranks
+from diagnostics.core.diagnosis.engines import engine_name, silent_ranks, slow_ranks
 from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.logs import log_time
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
@@ -298,6 +298,44 @@ def engine_asleep(ctx: Context) -> list[Finding]:
             ),
             time_range=(start, end),
             knobs=("asleep",),
+            chart="generation_tokens",
+        ))
+    return findings
+
+
+def engine_imbalance(ctx: Context) -> list[Finding]:
+    """One engine generating a small share of its peers' tokens while serving all along (a slow rank:
+    the balancer evens out requests in flight, not speed): a device or host to look at, not a flag."""
+    t = ctx.thresholds
+    findings = []
+    for rank in slow_ranks(ctx.ok, t.slow_rank_window_seconds, t.slow_rank_max_ratio):
+        name = engine_name(rank.engine)
+        steps = (f"; {rank.steps_per_second:,.0f} engine steps a second against {rank.peer_steps_per_second:,.0f}"
+                 if rank.steps_per_second is not None and rank.peer_steps_per_second is not None else "")
+        findings.append(Finding(
+            id="engine_imbalance",
+            severity="warning",
+            title=f"Engines out of balance: {name} generated {rank.ratio * 100:.0f} % of its peers' tokens for "
+            f"{_fmt_s(rank.until - rank.since)} ({rank.tokens_per_second:,.0f} against {rank.peer_tokens_per_second:,.0f} "
+            f"tokens/s){steps}: a slow rank",
+            evidence={"engine": rank.engine[1], "model_name": rank.engine[0],
+                      "share_of_peer_tokens_perc": round(rank.ratio, 3),
+                      "generation_tokens_per_second": round(rank.tokens_per_second, 1),
+                      "peer_generation_tokens_per_second": round(rank.peer_tokens_per_second, 1),
+                      "engine_steps_per_second": None if rank.steps_per_second is None
+                      else round(rank.steps_per_second, 1),
+                      "peer_engine_steps_per_second": None if rank.peer_steps_per_second is None
+                      else round(rank.peer_steps_per_second, 1), "window": _span(ctx)},
+            checks=(
+                f"Look at the device and host behind EngineCore_DP{rank.engine[1] or '0'}: clocks and throttling "
+                "(nvidia-smi -q -d PERFORMANCE,CLOCK), ECC or Xid errors, a noisy neighbour on its CPU cores.",
+                "vLLM's balancer evens out requests in flight, so the slow rank's requests just take longer: their "
+                "users see the slow tail of TTFT and ITL.",
+                "If one rank keeps lagging, take it out of service (fewer --data-parallel-size on healthy devices) "
+                "rather than tune flags.",
+            ),
+            time_range=(rank.since, rank.until),
+            knobs=("slow-rank",),
             chart="generation_tokens",
         ))
     return findings

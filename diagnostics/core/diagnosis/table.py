@@ -58,6 +58,8 @@ RULES: tuple[Rule, ...] = (
          chart="generation_tokens", alert="VLLMSilentStall", scenario="stall"),
     Rule("hung_rank", rules.hung_rank, ("hung_rank",), ("hung-rank",),
          chart="generation_tokens", alert=None, scenario="hung_rank"),
+    Rule("engine_imbalance", rules.engine_imbalance, ("engine_imbalance",), ("slow-rank",),
+         chart="generation_tokens", alert=None, scenario="slow_rank"),
     Rule("tokens_stopped", rules.tokens_stopped, ("tokens_stopped",), ("stall",),
          chart="generation_tokens", alert=None, scenario=None),
     Rule("kv_pressure", rules.kv_pressure, ("kv_pressure", "absent:kv_pressure"), ("preemption",),
