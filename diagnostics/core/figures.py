@@ -263,12 +263,23 @@ def roofline_figure(history: Sequence[Scrape], peak: DevicePeak | None = None) -
                                      + "</extra>"))
         return _layout(fig, f"Roofline (vLLM's estimate) against the {peak.name}", "% of datasheet peak",
                        yaxis_rangemode="tozero")
-    fig.add_trace(go.Scatter(x=_times(flops.ts), y=[v / 1e12 if v is not None else None for v in flops.values],
-                             name="TFLOP/s", mode="lines", line={"color": "#9467bd"}))
-    fig.add_trace(go.Scatter(x=_times(read.ts), y=[v / 1e12 if v is not None else None for v in moved],
-                             name="memory TB/s", mode="lines", line={"color": "#17becf"}, yaxis="y2"))
-    fig.update_layout(yaxis2={"title": "TB/s", "overlaying": "y", "side": "right", "rangemode": "tozero"})
-    return _layout(fig, "Work per GPU (vLLM's estimate)", "TFLOP/s", yaxis_rangemode="tozero")
+    f_scale, f_unit = _si_scale([v for v in flops.values if v], "FLOP/s")
+    b_scale, b_unit = _si_scale([v for v in moved if v], "B/s")
+    fig.add_trace(go.Scatter(x=_times(flops.ts), y=[v / f_scale if v is not None else None for v in flops.values],
+                             name=f_unit, mode="lines", line={"color": "#9467bd"}))
+    fig.add_trace(go.Scatter(x=_times(read.ts), y=[v / b_scale if v is not None else None for v in moved],
+                             name=f"memory {b_unit}", mode="lines", line={"color": "#17becf"}, yaxis="y2"))
+    fig.update_layout(yaxis2={"title": b_unit, "overlaying": "y", "side": "right", "rangemode": "tozero"})
+    return _layout(fig, "Work per GPU (vLLM's estimate)", f_unit, yaxis_rangemode="tozero")
+
+
+def _si_scale(values: Sequence[float], unit: str) -> tuple[float, str]:
+    """The SI prefix that puts the largest value between 1 and 1000 ("GFLOP/s" for 2e9 FLOP/s)."""
+    top = max(values, default=0.0)
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if top >= scale:
+            return scale, prefix + unit
+    return 1.0, unit
 
 
 def latency_figure(history: Sequence[Scrape], concept: str, window_seconds: float) -> go.Figure | None:

@@ -141,7 +141,7 @@ def test_paged_attention_and_capacity_pages(page: Page, streamlit_url: str) -> N
 
 
 def test_a_real_hung_rank_shows_engines_side_by_side_and_is_named(page: Page, streamlit_url: str) -> None:
-    """The real --data-parallel-size 2 recording whose rank 1 was SIGSTOPped for 12 s."""
+    """The real --data-parallel-size 2 recording whose rank 1 was SIGSTOPped (see labels.json)."""
     recording = ROOT / "tests" / "fixtures" / "incidents" / "hung_rank_dp2.jsonl.gz"
     page.goto(streamlit_url + "/Replay")
     expect(page.get_by_text("Upload a recording").first).to_be_visible(timeout=30_000)
@@ -173,6 +173,22 @@ def test_rejections_are_marked_on_the_queue_and_deferred_waiting_names_max_loras
     shoot(page, "replay-admission-rejections.png")
     _diagnose_recording(page, streamlit_url, incidents / "deferred_lora.jsonl.gz")
     expect(page.get_by_text("Requests wait for a LoRA slot").first).to_be_visible(timeout=30_000)
-    expect(page.get_by_text("--max-loras 2").first).to_be_visible()
+    expect(page.get_by_text(re.compile(r"--max-loras 2\b")).first).to_be_visible()
     page.wait_for_timeout(1000)
     shoot(page, "diagnose-deferred-lora.png")
+
+
+def test_speculation_and_the_roofline_are_drawn_from_a_real_recording(page: Page, streamlit_url: str) -> None:
+    """The real n-gram speculation recording (drafts rejected), with --enable-mfu-metrics."""
+    page.goto(streamlit_url + "/Replay")
+    expect(page.get_by_text("Upload a recording").first).to_be_visible(timeout=30_000)
+    page.locator('input[type="file"]').set_input_files(
+        str(ROOT / "tests" / "fixtures" / "incidents" / "spec_ngram_rejected.jsonl.gz"))
+    spec = page.locator(".js-plotly-plot", has_text="Speculative decoding: draft acceptance")
+    expect(spec).to_have_count(1, timeout=30_000)
+    for name in ("all draft tokens", "position 0", "position 1", "position 2"):
+        expect(spec.get_by_text(name, exact=True)).to_have_count(1)
+    expect(page.locator(".js-plotly-plot", has_text="Work per GPU (vLLM's estimate)")).to_have_count(1)
+    expect(page.get_by_text(re.compile(r"vLLM estimates [\d.,]+ [kMGT]?FLOP/s")).first).to_be_visible()
+    page.wait_for_timeout(1500)
+    shoot(page, "replay-speculation-roofline.png")

@@ -77,9 +77,11 @@ def test_a_stopped_rank_is_a_critical_hung_rank_naming_it(dp2: VllmServer, tmp_p
     evidence = hung[0]["evidence"]
     stopped = next(e["ts"] for e in events if e["event"] == "sigstop")
     resumed = next(e["ts"] for e in events if e["event"] == "sigcont")
-    # Silent from about the stop (one scrape either side) for at least 5 of its 10 s.
+    # Silent from about the stop (one scrape either side) for at least 5 of its 10 s, and over once it
+    # resumed: a few seconds after SIGCONT at most (a busy machine answers scrapes late).
     assert stopped - 2.5 <= evidence["silent_since_at"] <= resumed
-    assert 5.0 <= evidence["seconds_without_tokens"] <= resumed - stopped + 2.5
+    assert evidence["seconds_without_tokens"] >= 5.0 and evidence["ongoing"] is False
+    assert evidence["silent_since_at"] + evidence["seconds_without_tokens"] <= resumed + 8.0
     assert evidence["peer_generation_tokens"] > 0
     assert not any(s["flag"] == "--max-num-seqs" for f in findings for s in f["suggestions"])
 

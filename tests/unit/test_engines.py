@@ -127,7 +127,7 @@ def test_the_simulated_hung_rank_freezes_one_engines_counters_only() -> None:
     assert len(set(gen["1"])) == 1 and gen["0"][-1] > gen["0"][0]
 
 
-def test_a_rank_serving_a_quarter_of_its_peers_tokens_is_slow_not_hung() -> None:
+def test_a_rank_serving_a_sixth_of_its_peers_tokens_is_slow_not_hung() -> None:
     # Engine 1 makes 100 steps a second of 1 token, engine 0 400 steps of 1.5 tokens, for 20 s.
     rows = [({"gen": 600.0 * t, "steps": 400.0 * t}, {"gen": 100.0 * t, "steps": 100.0 * t}) for t in range(20)]
     scrapes = window(rows)
@@ -142,9 +142,11 @@ def test_a_rank_serving_a_quarter_of_its_peers_tokens_is_slow_not_hung() -> None
 
 
 def test_engines_within_the_ratio_or_briefly_apart_are_not_slow() -> None:
-    even = window([({"gen": 300.0 * t, "steps": 300.0 * t}, {"gen": 150.0 * t, "steps": 150.0 * t})
-                   for t in range(20)])  # half the peer's tokens: above 0.4
-    assert slow_ranks([(s, s.snapshot) for s in even], 10.0, 0.4) == []
+    for share in (0.5, 0.45):  # just above the 0.4 line
+        even = window([({"gen": 300.0 * t, "steps": 300.0 * t}, {"gen": 300.0 * share * t, "steps": 150.0 * t})
+                       for t in range(20)])
+        assert slow_ranks([(s, s.snapshot) for s in even], 10.0, 0.4) == []
+        assert "engine_imbalance" not in [f.id for f in diagnose(prepare(even))]
     brief = window([({"gen": 600.0 * t, "steps": 400.0 * t}, {"gen": 100.0 * t if t < 6 else 600 + 600.0 * (t - 6),
                                                               "steps": 100.0 * t}) for t in range(14)])
     assert slow_ranks([(s, s.snapshot) for s in brief], 10.0, 0.4) == []
@@ -163,3 +165,29 @@ def test_the_simulated_slow_rank_is_named() -> None:
     scrapes = [Scrape(t, parse_snapshot(text)) for t, text in Simulation("slow_rank").run_for(40)]
     found = [f for f in diagnose(prepare(scrapes)) if f.id == "engine_imbalance"]
     assert [f.evidence["engine"] for f in found] == ["1"] and found[0].evidence["share_of_peer_tokens_perc"] < 0.4
+
+
+def test_the_default_thresholds_keep_an_idle_rank_and_a_short_silence_quiet() -> None:
+    for scrapes in (stop_engine_1(8, 1.0), stop_engine_1(4, 2.0)):
+        assert "hung_rank" not in [f.id for f in diagnose(prepare(scrapes))]
+
+
+def test_a_rank_silent_for_long_is_hung_and_never_also_called_slow() -> None:
+    ids = [f.id for f in diagnose(prepare(stop_engine_1(30, 1.5)))]
+    assert "hung_rank" in ids and "engine_imbalance" not in ids
+
+
+def test_a_rank_that_resumes_is_reported_with_its_end() -> None:
+    """Engine 1 frozen from t=3 (see stop_engine_1) until the scrape at t=12 shows it moving again:
+    the silence spans the intervals 3 → 11, the last one without a token of its own."""
+    rows = []
+    e0 = {"gen": 0.0, "prompt": 0.0, "steps": 0.0}
+    e1 = {"gen": 0.0, "prompt": 0.0, "steps": 0.0}
+    for t in range(15):
+        if t < 4 or t >= 12:
+            e1 = {"gen": e1["gen"] + 100, "prompt": e1["prompt"] + 10, "steps": e1["steps"] + 100}
+        e0 = {"gen": e0["gen"] + 150, "prompt": e0["prompt"] + 10, "steps": e0["steps"] + 100}
+        rows.append((dict(e0), dict(e1)))
+    hung = [f for f in diagnose(prepare(window(rows))) if f.id == "hung_rank"]
+    assert len(hung) == 1 and hung[0].evidence["ongoing"] is False and "then it resumed" in hung[0].title
+    assert hung[0].time_range == (3.0, 11.0) and hung[0].evidence["seconds_without_tokens"] == 8.0

@@ -121,3 +121,35 @@ def test_the_death_finding_names_the_cause_and_the_minute_before() -> None:
     assert died.evidence["before_max_num_requests_running"] == labels()["engine_killed"]["clients"]["requests"] == 8
     assert died.evidence["before_generation_tokens_per_second"] > 0
     assert "server_down" in [f.id for f in findings]
+
+
+def _log(*lines: str) -> str:
+    return "\n".join(f"(APIServer pid=1) INFO 12-01 04:11:{i:02d} [x.py:1] {line}" for i, line in enumerate(lines))
+
+
+def test_an_engine_death_before_the_server_came_up_is_a_startup_error_not_a_runtime_death() -> None:
+    facts = parse_log(_log("starting", "vllm.v1.engine.exceptions.EngineDeadError: boom", "x", "y",
+                           "Application startup complete."))
+    assert facts.died_serving() is None and facts.death_lines() == ()
+    assert "engine_dead" in [e.kind for e in facts.errors]
+
+
+def test_the_cause_is_chosen_by_what_matters_most_not_by_log_order() -> None:
+    text = _log("Application startup complete.",
+                "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+                "Out of memory: Killed process 4242 (VLLM::EngineCor)",
+                "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
+    findings = diagnose(prepare([], log_text=text))
+    assert findings[0].id == "engine_died" and "out-of-memory killer" in findings[0].title
+
+
+def test_lines_before_startup_and_a_runtime_cuda_oom_are_placed_where_they_belong() -> None:
+    text = _log("Failed to load something: RuntimeError at import (EngineCore)",
+                "Application startup complete.",
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
+    facts = parse_log(text)
+    assert [c.kind for c in facts.death_lines()] == ["cuda_oom", "engine_dead"]
+    assert facts.errors == ()  # a runtime OOM is the death's cause, not a startup error
+    findings = diagnose(prepare([], log_text=text))
+    assert [f.id for f in findings] == ["engine_died"] and "out of device memory" in findings[0].title

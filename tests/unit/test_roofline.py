@@ -71,4 +71,8 @@ def test_the_figure_shows_percent_of_peak_when_the_device_is_known() -> None:
     assert fig is not None and [t.name for t in fig.data] == ["compute (MFU)", "memory bandwidth"]
     assert fig.data[1].y[-1] == pytest.approx(2.5e12 / 3.35e12 * 100)
     plain = roofline_figure(scrapes)
-    assert plain is not None and plain.data[0].y[-1] == pytest.approx(10.0)  # TFLOP/s
+    assert plain is not None and plain.data[0].y[-1] == pytest.approx(10.0) and plain.data[0].name == "TFLOP/s"
+    assert plain.data[1].name == "memory TB/s" and plain.data[1].y[-1] == pytest.approx(2.5)
+    small = roofline_figure(work([(2e9 * t, 1e8 * t, 0.0) for t in range(10)]))  # a CPU's few GFLOP/s
+    assert small is not None and small.data[0].name == "GFLOP/s" and small.data[1].name == "memory MB/s"
+    assert small.data[0].y[-1] == pytest.approx(2.0) and small.data[1].y[-1] == pytest.approx(100.0)

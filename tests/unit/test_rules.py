@@ -525,6 +525,8 @@ def test_a_scrape_that_timed_out_once_is_a_slow_server_not_an_outage() -> None:
     assert slow[0].evidence["failed_scrapes"] == 3 and slow[0].evidence["episodes"] == 2
     once = steady(5) + [down(5.0, TIMEOUT)] + [scrape(float(t), gen=100 * t) for t in range(6, 10)]
     assert [(f.id, f.severity) for f in diagnose(prepare(once)) if f.id == "scrapes_slow"] == [("scrapes_slow", "info")]
+    twice = once + [down(10.0, TIMEOUT)] + [scrape(11.0, gen=1100)]
+    assert [f.severity for f in diagnose(prepare(twice)) if f.id == "scrapes_slow"] == ["info"]  # 2 < 3
     assert slow[0].time_range == (5.0, 11.0)
 
 
@@ -532,7 +534,8 @@ def test_timeouts_that_last_or_are_still_going_are_an_outage() -> None:
     long_run = steady(5) + [down(float(t), TIMEOUT) for t in range(5, 11)] + [scrape(11.0, gen=1100)]
     ongoing = steady(5) + [down(5.0, TIMEOUT)]
     refused = steady(5) + [down(5.0)] + [scrape(6.0, gen=600)]  # refused, not slow: the process went away
-    for history in (long_run, ongoing, refused):
+    mixed = steady(5) + [down(5.0, TIMEOUT), down(6.0)] + [scrape(7.0, gen=700)]
+    for history in (long_run, ongoing, refused, mixed):
         ids = [f.id for f in diagnose(prepare(history))]
         assert "server_down" in ids and "scrapes_slow" not in ids, ids
 
@@ -592,4 +595,5 @@ def test_admission_rejections_name_the_limit_and_what_would_serve_them(running: 
 
 def test_no_rejection_no_admission_finding() -> None:
     history = [_queue_payload(float(t), capacity=2) for t in range(8)]
-    assert "admission_rejected" not in [f.id for f in diagnose(prepare(history, max_num_seqs=4))]
+    ids = [f.id for f in diagnose(prepare(history, max_num_seqs=4))]
+    assert "admission_rejected" not in ids and "waiting_deferred" not in ids  # waiting for capacity is not deferred

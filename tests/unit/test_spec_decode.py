@@ -9,6 +9,7 @@ from diagnostics.core.catalog import parse_snapshot
 from diagnostics.core.derive import Scrape, spec_decode
 from diagnostics.core.diagnosis import diagnose, prepare
 from diagnostics.core.figures import spec_decode_figure
+from diagnostics.core.sim_scenarios import SCENARIOS
 from diagnostics.sim.driver import Simulation
 
 
@@ -81,6 +82,15 @@ def test_the_simulated_engine_speculates_as_configured() -> None:
         spec = spec_decode(scrapes)
         assert spec is not None and spec.acceptance_rate is not None and low <= spec.acceptance_rate <= high, name
         # Position 0 is accepted with the configured chance; each later one only after it.
+        assert abs(spec.per_position_rate[0] - SCENARIOS[name].config.spec_acceptance) < 0.05
         assert list(spec.per_position_rate) == sorted(spec.per_position_rate, reverse=True)
         fig = spec_decode_figure(scrapes, 30)
         assert fig is not None and [t.name for t in fig.data][:2] == ["all draft tokens", "position 0"]
+
+
+def test_a_first_position_under_half_that_still_pays_keeps_one_draft_token() -> None:
+    # Overall 26 % accepted; position 0 at 45 %, yet 1 + 1.05 = 2.05 tokens per verify step.
+    found = [f for f in diagnose(prepare(steady(100, (0.45, 0.3, 0.2, 0.1)))) if f.id == "spec_low_acceptance"]
+    assert len(found) == 1 and "costs more" not in found[0].title
+    s = found[0].suggestions[0]
+    assert '"num_speculative_tokens": 1' in str(s.value) and "Even the first draft token" in s.why

@@ -626,9 +626,12 @@ def speculative_decoding(ctx: Context) -> list[Finding]:
                                 f"while checking {k + 1}, so speculation costs more compute than it saves.")
     else:
         value = max(1, keep)
+        why = (f"Draft positions past {value} are accepted under {t.spec_keep_position * 100:.0f} % of the time: "
+               "drafting them wastes verify work." if keep else
+               f"Even the first draft token is accepted under {t.spec_keep_position * 100:.0f} % of the time, but "
+               f"each verify step still emits {length:.2f} tokens: keep one draft token, not {k}.")
         suggestion = Suggestion("--speculative-config", "decrease", f"'{{\"num_speculative_tokens\": {value}, …}}'",
-                                f"Draft positions past {value} are accepted under "
-                                f"{t.spec_keep_position * 100:.0f} % of the time: drafting them wastes verify work.")
+                                why)
     start, end = ctx.ok[0][0].ts, ctx.ok[-1][0].ts
     return [Finding(
         id="spec_low_acceptance",
