@@ -87,6 +87,10 @@ RATIOS: dict[str, tuple[str, str]] = {
     "spec_decode_acceptance": ("spec_decode_num_accepted_tokens", "spec_decode_num_draft_tokens"),
 }
 
+# Concepts a default vLLM 0.32 server does not export: they need --speculative-config.
+NEEDS_A_FLAG = frozenset({"spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+                          "spec_decode_num_accepted_tokens_per_pos"})
+
 # Concepts whose server total is a mean across engines rather than a sum.
 MEAN_CONCEPTS = frozenset({"kv_cache_usage_perc", "cpu_cache_usage_perc", "gpu_prefix_cache_hit_rate"})
 

@@ -5,20 +5,15 @@ requests naming more LoRA adapters than ``--max-loras`` wait "deferred" and the 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from diagnostics.collector import Collector
-from diagnostics.recording import RecordingWriter, read_recording
-from diagnostics.sources.vllm_http import VllmClient
+from diagnostics.recording import read_recording
 from tests.integration import load
+from tests.integration.recorded import diagnose_json, record_while
 from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_lora
 
 pytestmark = pytest.mark.integration
@@ -38,18 +33,6 @@ def servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield started
 
 
-def _record(server: VllmServer, path: Path, action: Any) -> Path:
-    collector = Collector(VllmClient(server.url), interval_seconds=0.5)
-    with RecordingWriter(path) as writer:
-        collector.add_sink(writer.write)
-        collector.start()
-        time.sleep(1.0)
-        action()
-        time.sleep(1.5)
-        collector.stop()
-    return path
-
-
 def _seconds_deferred(path: Path) -> float:
     """How long the raw gauge shows requests waiting with reason "deferred" (consecutive scrapes)."""
     points = [(s.ts, (s.snapshot.by_label("num_requests_waiting_by_reason") or {}).get("deferred", 0.0) > 0)
@@ -58,16 +41,13 @@ def _seconds_deferred(path: Path) -> float:
 
 
 def _findings(path: Path) -> list[dict[str, Any]]:
-    out = subprocess.run([sys.executable, "-m", "diagnostics", "diagnose", "--replay", str(path), "--json"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode in (0, 1, 2), out.stderr
-    return list(json.loads(out.stdout)["findings"])
+    return diagnose_json("--replay", str(path))[1]
 
 
 def test_a_burst_past_the_queue_limit_is_rejected_and_named(servers: dict[str, VllmServer], tmp_path: Path) -> None:
     server = servers["limit"]
     clients = load.Clients()
-    path = _record(server, tmp_path / "limit.jsonl.gz",
+    path = record_while(server.url, tmp_path / "limit.jsonl.gz",
                    lambda: load.burst(server.url, clients, 40, prompt="block cache token " * 4, max_tokens=128).join(120))
     rejected = clients.statuses.count(503)
     assert rejected > 0 and clients.statuses.count(200) + rejected == 40, clients.statuses
@@ -97,7 +77,7 @@ def test_requests_for_more_adapters_than_max_loras_wait_deferred(
             for thread in threads:
                 thread.join(120)
 
-        path = _record(server, tmp_path / f"lora-{attempt}.jsonl.gz", alternate)
+        path = record_while(server.url, tmp_path / f"lora-{attempt}.jsonl.gz", alternate)
         assert clients.statuses == [200] * 16
         seen.append(_seconds_deferred(path))
         if seen[-1] >= 4.0:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.collector import Collector
-from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES
+from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, NEEDS_A_FLAG
 from diagnostics.core.derive import derive_state, prefix_cache_hit_rate, rate_series, window
 from diagnostics.recording import RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import VllmClient
@@ -50,7 +50,7 @@ def test_every_concept_is_present_on_032(vllm_main: VllmServer) -> None:
     snap = collector.history()[-1].snapshot
     assert snap is not None
     for concept in (*GAUGES, *COUNTERS, *HISTOGRAMS, *LABELLED_GAUGES, *LABELLED_COUNTERS):
-        assert snap.has(concept) == (concept not in V0_ONLY), concept
+        assert snap.has(concept) == (concept not in V0_ONLY | NEEDS_A_FLAG), concept
     config = snap.cache_config
     assert config is not None and config.block_size == 128 and config.num_gpu_blocks == 1024
     assert config.kv_cache_memory_bytes == 64 * 1024 * 1024

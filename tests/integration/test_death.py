@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.collector import Collector
-from diagnostics.recording import RecordingWriter
-from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
+from tests.integration.recorded import record_while
 from tests.integration.vllm_server import VllmServer
 
 pytestmark = pytest.mark.integration
@@ -32,18 +30,15 @@ def test_a_killed_engine_core_is_a_death_while_serving_with_the_minute_before(
     server = VllmServer(tiny_model, tmp_path / "s").start().wait_ready()
     path = tmp_path / "death.jsonl.gz"
     try:
-        collector = Collector(VllmClient(server.url), interval_seconds=1.0)
-        with RecordingWriter(path) as writer:
-            collector.add_sink(writer.write)
-            collector.start()
-            time.sleep(2.0)
-            clients = load.Clients()
+        clients = load.Clients()
+
+        def kill_the_engine_core() -> None:
             running = load.burst(server.url, clients, 6, prompt="block cache token " * 4, max_tokens=2000, stream=True)
             time.sleep(4.0)
             os.kill(server.engine_core_pid(0), signal.SIGKILL)
             running.join(30)
-            time.sleep(4.0)
-            collector.stop()
+
+        record_while(server.url, path, kill_the_engine_core, interval=1.0, before=2.0, after=4.0)
         assert server.proc is not None and server.proc.wait(30) is not None  # the API server shut itself down
     finally:
         server.stop()

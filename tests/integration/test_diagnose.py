@@ -3,12 +3,9 @@ CLI's advice names the right knob and direction; a healthy recording yields no w
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,11 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from diagnostics.collector import Collector
 from diagnostics.core.catalog import parse_snapshot
-from diagnostics.recording import RecordingWriter, read_recording
-from diagnostics.sources.vllm_http import VllmClient
+from diagnostics.recording import read_recording
 from tests.integration import load
+from tests.integration.recorded import diagnose_json, record_while
 from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -49,15 +45,7 @@ def condition_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 
 def record(server: VllmServer, path: Path, action: Callable[[], None], interval: float = 0.5) -> Path:
     """A real recording of ``server`` while ``action`` runs (1 s before, 1.5 s after)."""
-    collector = Collector(VllmClient(server.url), interval_seconds=interval)
-    with RecordingWriter(path) as writer:
-        collector.add_sink(writer.write)
-        collector.start()
-        time.sleep(1.0)
-        action()
-        time.sleep(1.5)
-        collector.stop()
-    return path
+    return record_while(server.url, path, action, interval=interval)
 
 
 def _seconds_queued_at(path: Path, cap: int) -> float:
@@ -73,10 +61,7 @@ def _seconds_queued_at(path: Path, cap: int) -> float:
 
 
 def diagnose_cli(*args: str) -> tuple[int, list[dict[str, Any]]]:
-    result = subprocess.run([sys.executable, "-m", "diagnostics", "diagnose", *args, "--json"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode in (0, 1, 2), result.stderr
-    return result.returncode, json.loads(result.stdout)["findings"]
+    return diagnose_json(*args)
 
 
 def by_id(findings: list[dict[str, Any]], fid: str) -> dict[str, Any]:

@@ -12,13 +12,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from diagnostics.collector import Collector
-from diagnostics.recording import RecordingWriter
-from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
+from tests.integration.recorded import diagnose_json, record_while
 from tests.integration.vllm_server import VllmServer
 
 pytestmark = pytest.mark.integration
@@ -35,11 +34,8 @@ def dp2(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         server.stop()
 
 
-def _diagnose(path: Path) -> tuple[int, list[dict[str, object]]]:
-    out = subprocess.run([sys.executable, "-m", "diagnostics", "diagnose", "--replay", str(path), "--json"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode in (0, 1, 2), out.stderr
-    return out.returncode, json.loads(out.stdout)["findings"]
+def _diagnose(path: Path) -> tuple[int, list[dict[str, Any]]]:
+    return diagnose_json("--replay", str(path))
 
 
 def test_a_stopped_rank_is_a_critical_hung_rank_naming_it(dp2: VllmServer, tmp_path: Path) -> None:
@@ -52,16 +48,11 @@ def test_a_stopped_rank_is_a_critical_hung_rank_naming_it(dp2: VllmServer, tmp_p
         clients = load.Clients()
         events.clear()
         path = tmp_path / f"dp2-{attempt}.jsonl.gz"
-        collector = Collector(VllmClient(dp2.url), interval_seconds=1.0)
-        with RecordingWriter(path) as writer:
-            collector.add_sink(writer.write)
-            collector.start()
-            time.sleep(2.0)
-            load.stop_rank(dp2, clients, rank=1, seconds=20, stop_at=5, stop_for=10,
-                           mark=lambda what, **kw: events.append({"event": what, "ts": time.time(), **kw}),
-                           prompt=lambda: " ".join(rng.choice(("block", "cache", "token", "page")) for _ in range(12)))
-            time.sleep(2.0)
-            collector.stop()
+        record_while(dp2.url, path, lambda clients=clients: load.stop_rank(
+            dp2, clients, rank=1, seconds=20, stop_at=5, stop_for=10,
+            mark=lambda what, **kw: events.append({"event": what, "ts": time.time(), **kw}),
+            prompt=lambda: " ".join(rng.choice(("block", "cache", "token", "page")) for _ in range(12))),
+            interval=1.0, before=2.0, after=2.0)
         longest.append(clients.summary()["request_max_s"] or 0.0)
         if longest[-1] >= 7.0:
             break

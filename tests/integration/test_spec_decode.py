@@ -5,20 +5,14 @@ are right (``load.zero_runs``); ``--enable-mfu-metrics`` turns on vLLM's per-GPU
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from diagnostics.collector import Collector
-from diagnostics.recording import RecordingWriter
-from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
+from tests.integration.recorded import cli_json, record_while
 from tests.integration.vllm_server import SERVED_NAME, VllmServer, build_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -40,25 +34,12 @@ def spec_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
 
 
 def _record(server: VllmServer, path: Path, ascending: bool) -> Path:
-    collector = Collector(VllmClient(server.url), interval_seconds=1.0)
-    with RecordingWriter(path) as writer:
-        collector.add_sink(writer.write)
-        collector.start()
-        time.sleep(1.5)
-        clients = load.Clients()
-        load.closed_loop(server.url, clients, 6, 12, lambda: {"prompt": load.zero_runs(12, ascending),
-                                                               "max_tokens": 48, "temperature": 0.0}).join(120)
-        time.sleep(1.5)
-        collector.stop()
+    clients = load.Clients()
+    record_while(server.url, path, lambda: load.closed_loop(
+        server.url, clients, 6, 12, lambda: {"prompt": load.zero_runs(12, ascending), "max_tokens": 48,
+                                             "temperature": 0.0}).join(120), interval=1.0, before=1.5)
     assert clients.statuses and set(clients.statuses) == {200}
     return path
-
-
-def _cli(*args: str) -> Any:
-    out = subprocess.run([sys.executable, "-m", "diagnostics", *args, "--json"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode in (0, 1, 2), out.stderr
-    return json.loads(out.stdout)
 
 
 def test_the_model_answers_token_0_so_the_prompt_decides_the_drafts(spec_server: VllmServer) -> None:
@@ -69,7 +50,7 @@ def test_the_model_answers_token_0_so_the_prompt_decides_the_drafts(spec_server:
 
 
 def test_rejected_drafts_say_speculation_costs_more_than_it_gains(spec_server: VllmServer, tmp_path: Path) -> None:
-    findings = _cli("diagnose", "--replay", str(_record(spec_server, tmp_path / "rejected.jsonl.gz", True)))["findings"]
+    findings = cli_json("diagnose", "--replay", str(_record(spec_server, tmp_path / "rejected.jsonl.gz", True)))["findings"]
     found = [f for f in findings if f["id"] == "spec_low_acceptance"]
     assert found, [f["id"] for f in findings]
     evidence = found[0]["evidence"]
@@ -81,8 +62,8 @@ def test_accepted_drafts_are_quiet_and_status_shows_acceptance_and_roofline(
     spec_server: VllmServer, tmp_path: Path
 ) -> None:
     path = _record(spec_server, tmp_path / "accepted.jsonl.gz", False)
-    assert "spec_low_acceptance" not in [f["id"] for f in _cli("diagnose", "--replay", str(path))["findings"]]
-    status = _cli("status", "--replay", str(path), "--window", "10")
+    assert "spec_low_acceptance" not in [f["id"] for f in cli_json("diagnose", "--replay", str(path))["findings"]]
+    status = cli_json("status", "--replay", str(path), "--window", "10")
     # Every draft is zeros and the model answers zeros: all accepted, 1 + 3 tokens per verify step.
     assert status["spec_decode_acceptance_rate"] > 0.95 and status["spec_decode_mean_accepted_length"] > 3.8
     assert status["roofline_text"] is not None and "FLOP/s" in status["roofline_text"]

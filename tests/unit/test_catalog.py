@@ -4,17 +4,15 @@ import re
 
 import pytest
 
-from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, parse_snapshot
+from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, NEEDS_A_FLAG, parse_snapshot
 
 V0_ONLY = {"num_requests_swapped", "cpu_cache_usage_perc", "gpu_prefix_cache_hit_rate"}
-# Exported only when the server is started with --speculative-config (see the spec-decode payload test).
-SPECULATION_ONLY = {"spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens"}
 
 
 def test_every_v1_concept_is_read_from_a_real_032_payload(burst_text: str) -> None:
     snap = parse_snapshot(burst_text)
     for concept in (*GAUGES, *COUNTERS, *HISTOGRAMS):
-        assert snap.has(concept) == (concept not in V0_ONLY | SPECULATION_ONLY), concept
+        assert snap.has(concept) == (concept not in V0_ONLY | NEEDS_A_FLAG), concept
     # Labelled families of a default 0.32 server, read by label.
     assert set(snap.by_label("prompt_tokens_by_source") or {}) == {"local_compute", "local_cache_hit",
                                                                    "external_kv_transfer"}
@@ -129,7 +127,7 @@ def test_speculation_and_work_estimates_are_read_from_a_real_payload() -> None:
     scrapes = read_recording(Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
                              / "spec_ngram_rejected.jsonl.gz").scrapes()
     snap = next(s.snapshot for s in reversed(scrapes) if s.snapshot is not None)
-    for concept in SPECULATION_ONLY:
+    for concept in NEEDS_A_FLAG:
         assert snap.has(concept), concept
     drafts, tokens = snap.value("spec_decode_num_drafts"), snap.value("spec_decode_num_draft_tokens")
     assert drafts and tokens == 3 * drafts  # three draft tokens a draft

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from diagnostics.core.catalog import COUNTERS, GAUGES, parse_snapshot
+from diagnostics.core.catalog import COUNTERS, GAUGES, NEEDS_A_FLAG, parse_snapshot
 from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare
 from diagnostics.core.sim_engine import EngineConfig, SimEngine
@@ -15,8 +15,6 @@ from diagnostics.sim.driver import Simulation
 from tests.conftest import fixture_text
 
 V0_ONLY = {"num_requests_swapped", "cpu_cache_usage_perc", "gpu_prefix_cache_hit_rate"}
-# Exported only when the server is started with --speculative-config (absent from a default server).
-SPECULATION_ONLY = {"spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens"}
 
 
 def run(name: str, seconds: float = 60.0) -> list[Scrape]:
@@ -70,7 +68,7 @@ def test_sim_metrics_have_vllm_032s_families_and_spelling() -> None:
     text = Simulation("healthy").run_for(5)[-1][1]
     snap = parse_snapshot(text)
     for concept in (*GAUGES, *COUNTERS):
-        assert snap.has(concept) == (concept not in V0_ONLY | SPECULATION_ONLY), concept
+        assert snap.has(concept) == (concept not in V0_ONLY | NEEDS_A_FLAG), concept
     for concept in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
                     "request_queue_time_seconds", "request_params_n", "iteration_tokens"):
         assert snap.has(concept), concept

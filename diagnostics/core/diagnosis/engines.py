@@ -5,8 +5,9 @@ A server started with ``--data-parallel-size N`` labels every per-engine series 
 ``"N-1"``. Summed over engines, a rank that hangs only lowers the totals (half the throughput with
 two ranks), so no whole-server rule fires. It is judged here per engine, from the counters the
 frontend keeps for each (tokens, engine steps), not from the per-engine running gauge: on vLLM 0.32
-with two ranks that gauge read 0 in most scrapes while every client had a request in flight
-(``tests/integration/test_engines.py`` measures how far it can be trusted).
+with two ranks and short requests that gauge read 0 in almost every scrape while every client had a
+request in flight (``tests/fixtures/incidents/hung_rank_dp2``); with longer ones it read right
+(``slow_rank_dp2``). A stopped rank's gauges freeze at whatever it last reported.
 
 Why a silent rank is not just an idle one: vLLM's DP load balancer
 (``vllm/v1/engine/core_client.py``, ``get_core_engine_for_request``) sends each new request to the
