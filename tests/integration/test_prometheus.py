@@ -98,6 +98,7 @@ def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[Pr
     history = [s for s in target.refresh() if seen[0].ts + 1.5 <= s.ts <= seen[-1].ts - 1.5 and s.snapshot is not None]
     assert len(history) >= 8, f"{len(history)} Prometheus scrapes while the direct collector ran"
     moving = stable = 0
+    disagreed: list[tuple[str, float | None, float | None]] = []
     for scrape in history:
         # One Prometheus scrape interval, plus the time a busy server takes to answer: Prometheus
         # stamps a scrape when it starts, the collector when the answer is in.
@@ -112,15 +113,21 @@ def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[Pr
         gen = [n.value("generation_tokens") or 0.0 for n in near]
         moving += min(gen) < max(gen)
         # A gauge can spike between two samples of either scraper: compared where it held still
-        # for the direct scrapes within a second either side.
+        # for the direct scrapes within a second either side. Even there it can dip between them
+        # (CI saw KV usage at 0.82 once while eight direct samples read 1.0: 12 blocks and preemption
+        # free blocks for a step), so a wrong concept shows as many disagreements, not one.
         for concept in ("num_requests_running", "kv_cache_usage_perc"):
             around = [s.snapshot.value(concept) for s in seen if abs(s.ts - scrape.ts) <= 1.0 and s.snapshot]
             if len(around) >= 4 and len(set(around)) == 1:
-                assert snap.value(concept) == around[0], (concept, snap.value(concept), around)
                 stable += 1
+                if snap.value(concept) != around[0]:
+                    disagreed.append((concept, snap.value(concept), around[0]))
     assert moving >= 2, "the burst never showed between two direct scrapes"
-    print(f"agreement: {len(history)} Prometheus scrapes, {moving} in motion, {stable} gauge comparisons")
-    assert stable >= 4, "no gauge held still long enough to compare"
+    print(f"agreement: {len(history)} Prometheus scrapes, {moving} in motion, {stable} gauge comparisons, "
+          f"{len(disagreed)} disagreed: {disagreed}")
+    agreed = stable - len(disagreed)
+    assert agreed >= 4, "no gauge held still long enough to compare"
+    assert agreed >= 2 * len(disagreed), disagreed  # a wrong concept or spelling disagrees nearly every time
 
     # The fleet table's PromQL quantile (buckets summed by le, then histogram_quantile) agrees with
     # the dashboard's own estimate over the same samples: the same bucket, and within 5 % (the window
