@@ -326,6 +326,14 @@ def labelled_increase(scrapes: Sequence[Scrape], concept: str) -> dict[str, floa
     return out
 
 
+def labels_total(concept: str) -> Callable[[Snapshot], float | None]:
+    """A labelled counter summed over its labels, as series builders pick it (None when absent)."""
+    def pick(snap: Snapshot) -> float | None:
+        values = snap.by_label(concept)
+        return None if values is None else sum(values.values())
+    return pick
+
+
 def _label_of(concept: str, label: str) -> Callable[[Snapshot], float | None]:
     return lambda snap: (snap.by_label(concept) or {}).get(label)
 
@@ -403,19 +411,9 @@ def spec_decode(scrapes: Sequence[Scrape]) -> SpecDecode | None:
     accepted = counter_increase(scrapes, "spec_decode_num_accepted_tokens")
     if drafts is None or tokens is None or accepted is None:
         return None
-    positions: set[str] = set()
-    for scrape in scrapes:
-        if scrape.snapshot is not None:
-            positions.update(scrape.snapshot.by_label("spec_decode_num_accepted_tokens_per_pos") or {})
-    per_pos = []
-    for pos in sorted(positions, key=lambda p: int(p) if p.isdigit() else 0):
-        points = _points(scrapes, _per_position(pos))
-        per_pos.append(increase([p[1] for p in points], [p[2] for p in points]) if len(points) > 1 else 0.0)
-    return SpecDecode(drafts[0], tokens[0], accepted[0], tuple(per_pos))
-
-
-def _per_position(position: str) -> Callable[[Snapshot], float | None]:
-    return lambda snap: (snap.by_label("spec_decode_num_accepted_tokens_per_pos") or {}).get(position)
+    by_position = labelled_increase(scrapes, "spec_decode_num_accepted_tokens_per_pos") or {}
+    per_pos = tuple(by_position[p] for p in sorted(by_position, key=lambda p: int(p) if p.isdigit() else 0))
+    return SpecDecode(drafts[0], tokens[0], accepted[0], per_pos)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from diagnostics.core.catalog import RATIOS, CacheConfig, EngineKey, Snapshot
-from diagnostics.core.derive import Scrape, spec_decode
+from diagnostics.core.derive import Scrape, labels_total, spec_decode
 from diagnostics.core.gpu import DevicePeak, GpuMemory
 from diagnostics.core.series import (
     QuantileSeries,
@@ -176,7 +176,7 @@ def queue_figure(history: Sequence[Scrape], max_num_seqs: int | None) -> go.Figu
         fig.add_trace(
             go.Scatter(x=_times(waiting.ts), y=waiting.values, name="waiting", mode="lines", line={"color": "#ff7f0e"})
         )
-    rejected = increase_events(history, _total_of("admission_rejections"))
+    rejected = increase_events(history, labels_total("admission_rejections"))
     if rejected.ts:
         # Turned away at the queue limit (HTTP 503): marked where they happened, at the queue's height.
         fig.add_trace(
@@ -202,14 +202,6 @@ def queue_figure(history: Sequence[Scrape], max_num_seqs: int | None) -> go.Figu
             annotation_position="top left",
         )
     return _layout(fig, "Queue depth", "requests", yaxis_rangemode="tozero")
-
-
-def _total_of(concept: str) -> Callable[[Snapshot], float | None]:
-    """A labelled counter summed over its labels (None when the server does not export it)."""
-    def pick(snap: Snapshot) -> float | None:
-        values = snap.by_label(concept)
-        return None if values is None else sum(values.values())
-    return pick
 
 
 def _waiting_at(history: Sequence[Scrape], ts: float) -> float:

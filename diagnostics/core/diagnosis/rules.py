@@ -17,12 +17,13 @@ from diagnostics.core.catalog import Histogram
 from diagnostics.core.derive import (
     Quantile,
     count_above,
-    counter_step,
+    counter_steps,
     histogram_delta,
     histogram_quantile,
+    labelled_increase,
+    labels_total,
     merge_histograms,
     quantile_estimate,
-    restarted,
     spec_decode,
 )
 from diagnostics.core.diagnosis.context import Context, episodes
@@ -552,21 +553,12 @@ def admission_rejected(ctx: Context) -> list[Finding]:
     ``--max-num-queued-tokens`` (vLLM 0.32+): say which limit, and whether the batch cap, the KV
     cache or the limit itself is the change that would serve them."""
     t, flags = ctx.thresholds, ctx.flags
-    steps: list[tuple[float, float, dict[str, float]]] = []
-    for (sa, a), (sb, b) in zip(ctx.ok, ctx.ok[1:]):
-        ra, rb = a.by_label("admission_rejections"), b.by_label("admission_rejections")
-        if ra is None or rb is None:
-            continue
-        restart = restarted(a, b)
-        steps.append((sa.ts, sb.ts, {k: counter_step(ra.get(k, 0.0), v, restart) for k, v in rb.items()}))
-    by_reason: dict[str, float] = {}
-    for _, _, inc in steps:
-        for reason, n in inc.items():
-            by_reason[reason] = by_reason.get(reason, 0.0) + n
+    scrapes = [s for s, _ in ctx.ok]
+    by_reason = labelled_increase(scrapes, "admission_rejections") or {}
     total = sum(by_reason.values())
     if total <= 0:
         return []
-    rising = [(a, b) for a, b, inc in steps if sum(inc.values()) > 0]
+    rising = [(a, b) for a, b, inc in counter_steps(scrapes, labels_total("admission_rejections")) if inc > 0]
     start, end = rising[0][0], rising[-1][1]
     near = [snap for s, snap in ctx.ok if start - 5.0 <= s.ts <= end]
     cap = flags.max_num_seqs or _max_gauge(ctx, "num_requests_running")
