@@ -34,7 +34,8 @@ SIM_CLASS = {"healthy": "healthy", "parallel_sampling": "healthy", "queue_at_cap
              "kv_pressure": "kv_pressure", "head_of_line": "head_of_line", "parallel_no_prefix": "sharing_off",
              "slow_decode": "slow_decode", "stall": "stall", "data_parallel": "healthy", "hung_rank": "hung_rank",
              "lora_deferred": "deferred", "admission_limit": "admission", "asleep": "asleep",
-             "spec_decode_good": "healthy", "spec_decode_low": "spec_decode", "slow_rank": "slow_rank"}
+             "spec_decode_good": "healthy", "spec_decode_low": "spec_decode", "slow_rank": "slow_rank",
+             "pinned_rank": "dp_skew"}
 
 
 def sim_cases() -> list[Case]:

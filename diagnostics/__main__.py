@@ -37,6 +37,7 @@ from diagnostics.core.diagnosis import (
 from diagnostics.core.diagnosis.alerts import alert_rules_yaml
 from diagnostics.core.info import ServerInfo
 from diagnostics.core.promql import Scope, parse_duration, parse_selector
+from diagnostics.core.sim_scenarios import SCENARIOS
 from diagnostics.core.text import evidence_rows, fmt_seconds_as_ms, prompt_sources_text, roofline_text
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
@@ -656,9 +657,7 @@ def build_parser() -> _Parser:
     diag.set_defaults(func=cmd_diagnose)
 
     simulate = sub.add_parser("simulate", help="run the simulated vLLM engine's HTTP surface on loopback")
-    simulate.add_argument("--scenario", default="healthy", help="healthy, queue_at_cap, kv_pressure, head_of_line, "
-                          "parallel_no_prefix, parallel_sampling, slow_decode, stall, asleep, lora_deferred, admission_limit, "
-                          "spec_decode_good, spec_decode_low, data_parallel, slow_rank, hung_rank")
+    simulate.add_argument("--scenario", default="healthy", help=", ".join(SCENARIOS))
     simulate.add_argument("--port", type=int, default=8000)
     simulate.add_argument("--host", default="127.0.0.1")
     simulate.add_argument("--speed", type=_positive, default=1.0, help="simulated seconds per wall second")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, replace
 
@@ -40,6 +41,7 @@ class Scenario:
     hung_rank: int | None = None  # the engine that stops (its process stopped: its metrics freeze)
     sleep_level: int = 0  # put to sleep at this level (POST /sleep) after a while
     slow_rank: int | None = None  # this engine's device is degraded: its steps take 4× longer
+    pinned_share: float = 0.0  # a router pins this share of requests to engine 0 (X-data-parallel-rank)
 
 
 BASE = EngineConfig()
@@ -87,6 +89,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "take 4× longer, so it holds more requests and KV than its peer", "engine_imbalance",
              replace(BASE, num_gpu_blocks=3000), Workload(rate_per_s=10.0, prompt_tokens=300, output_tokens=300),
              data_parallel_size=2, slow_rank=1),
+    Scenario("pinned_rank", "Requests not spread (a sticky router)", "a router pins 90 % of requests to engine 0 "
+             "of 2: it queues at --max-num-seqs 8 while engine 1 has room", "engine_imbalance",
+             replace(BASE, max_num_seqs=8), Workload(rate_per_s=10.0, output_tokens=150),
+             data_parallel_size=2, pinned_share=0.9),
     Scenario("hung_rank", "Hung data-parallel rank", "engine 1 of 2 stops; engine 0 serves alone, the totals halve",
              "hung_rank", BASE, Workload(rate_per_s=8.0), data_parallel_size=2, hung_rank=1),
 )}
@@ -158,7 +164,11 @@ def make_engines(scenario: Scenario, seed: int = 0, now: float = 0.0) -> tuple[l
     return engines, WorkloadGenerator(scenario.workload, now, seed)
 
 
-def pick_engine(engines: list[SimEngine]) -> int:
+def pick_engine(engines: list[SimEngine], pinned_share: float = 0.0, count: int = 0) -> int:
     """The engine a new request goes to: the fewest requests in flight, the lowest index on ties
-    (vLLM's DP load balancer, ``get_core_engine_for_request`` in ``vllm/v1/engine/core_client.py``)."""
+    (vLLM's DP load balancer, ``get_core_engine_for_request`` in ``vllm/v1/engine/core_client.py``),
+    unless a router pins it: ``pinned_share`` of requests (spread evenly over ``count``, the request's
+    number) carry ``X-data-parallel-rank: 0``."""
+    if pinned_share and math.floor((count + 1) * pinned_share + 1e-9) > math.floor(count * pinned_share + 1e-9):
+        return 0
     return min(range(len(engines)), key=lambda i: (len(engines[i].running) + len(engines[i].waiting), i))

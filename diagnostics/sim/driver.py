@@ -63,7 +63,8 @@ class Simulation:
         """The request's sequences, or None when the frontend turns it away (``--max-num-queued-reqs``:
         vLLM answers HTTP 503 and counts it in ``admission_rejections_total``)."""
         with self.lock:
-            engine = self.engines[pick_engine(self.engines)]
+            self._routed = getattr(self, "_routed", 0) + 1
+            engine = self.engines[pick_engine(self.engines, self.scenario.pinned_share, self._routed)]
             if not engine.admits():
                 self.metrics.reject("max_num_queued_reqs")
                 return None

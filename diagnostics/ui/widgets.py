@@ -418,7 +418,8 @@ def engines_panel(shown: Sequence[Scrape], key: str) -> None:
     st.subheader("Engines side by side")
     st.caption("One line per data-parallel engine. Judge an engine by its tokens: a rank whose tokens stop while "
                "its peers serve is hung (Diagnose names it), and the server totals above only drop by its share. "
-               "Its gauges are what it last reported: they freeze when it stops.")
+               "Its gauges are what it last reported: they freeze when it stops. One rank queueing while another has "
+               "room means requests are routed around vLLM's balancer (a sticky router); Diagnose names that too.")
     cols = st.columns(2)
     for i, (concept, title, unit, kind) in enumerate(figures.ENGINE_PANELS):
         with cols[i % 2]:

@@ -90,9 +90,12 @@ class Clients:
 
 
 def request(url: str, clients: Clients, *, prompt: str | list[int], max_tokens: int, n: int = 1, stream: bool = False,
-            timeout: float = 300.0, model: str = SERVED_NAME, temperature: float | None = None) -> None:
+            timeout: float = 300.0, model: str = SERVED_NAME, temperature: float | None = None,
+            rank: int | None = None) -> None:
     """One completion (``ignore_eos``: exactly ``max_tokens``); streaming requests log token gaps.
-    ``model`` may name a LoRA adapter the server was started with; ``prompt`` may be token ids."""
+    ``model`` may name a LoRA adapter the server was started with; ``prompt`` may be token ids;
+    ``rank`` pins the request to one data-parallel engine (vLLM's ``X-data-parallel-rank`` header, as
+    a sticky router sets it)."""
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "n": n, "ignore_eos": True,
                             "stream": stream}
     if temperature is not None:
@@ -101,7 +104,8 @@ def request(url: str, clients: Clients, *, prompt: str | list[int], max_tokens: 
     gaps: list[tuple[float, float]] = []
     started = time.monotonic()
     try:
-        with httpx.Client(base_url=url, timeout=timeout) as client:
+        headers = {"X-data-parallel-rank": str(rank)} if rank is not None else {}
+        with httpx.Client(base_url=url, timeout=timeout, headers=headers) as client:
             if not stream:
                 status = client.post("/v1/completions", json=body).status_code
             else:

@@ -35,6 +35,19 @@ ANNOTATIONS = {
     "VLLMParallelSamplingWithoutPrefixCaching": ("h:8000 (m): n > 1 sampling with prefix caching off: "
                                                  "--enable-prefix-caching.", "sharing-wasted"),
     "VLLMDecodeOverITLBudget": ("h:8000 (m): ITL p95 over 50 ms.", "decode-slow"),
+    "VLLMEngineAsleep": ("h:8000 (m): engine 0 is asleep (sleep mode): nothing is served until POST /wake_up.",
+                         "asleep"),
+    "VLLMHungRank": ("h:8000 (m): engine 1 produced no token for a minute while its peers served: a hung rank "
+                     "(dump its EngineCore_DP process's stacks, then restart it).", "hung-rank"),
+    "VLLMSlowRank": ("h:8000 (m): engine 1 generated at most 40 % of its peers' tokens over the last minute: a "
+                     "slow rank (check its device and host).", "slow-rank"),
+    "VLLMRequestsDeferred": ("h:8000 (m): requests wait for a LoRA slot or a KV transfer, not for capacity: "
+                             "--max-loras up to the adapters in use (never --max-num-seqs).", "deferred"),
+    "VLLMAdmissionRejected": ("h:8000 (m): requests rejected with 503 by the max_num_queued_reqs limit: more "
+                              "capacity or a higher limit (python -m diagnostics diagnose names which).", "admission"),
+    "VLLMSpecDecodeLowAcceptance": ("h:8000 (m): under 30 % of drafted tokens accepted: fewer "
+                                    "num_speculative_tokens in --speculative-config, or speculation off.",
+                                    "spec-decode"),
 }
 
 
@@ -55,7 +68,7 @@ def test_rule_file_passes_promtool_check(promtool: str, tmp_path: Path) -> None:
     path.write_text(alert_rules_yaml(Thresholds(), itl_budget_ms=50, ttft_budget_ms=500))
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 7 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 NEW = '{job="vllm",instance="h:8000",model_name="m",engine="0"}'
@@ -228,5 +241,108 @@ def test_fleet_alerts_fire_only_on_the_replica_in_trouble(promtool: str, tmp_pat
         "input_series": fleet_series(replicas),
         "alert_rule_test": [{"eval_time": t, "alertname": n, "exp_alerts": e} for t, n, e in checks],
     }]
+    result = run_promtool(promtool, tmp_path, tests)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- what current vLLM adds: ranks, sleep, deferred waiting, admission, speculation ---------------
+
+
+def on(instance: str, engine: str | None, **extra: str) -> str:
+    labels = {"job": "vllm", "instance": instance, "model_name": "m", **({"engine": engine} if engine else {}),
+              **extra}
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def fired(name: str, severity: str, instance: str = "h:8000", **labels: str) -> dict[str, Any]:
+    alert = expect(name, severity, job="vllm", instance=instance, model_name="m", **labels)
+    alert["exp_annotations"]["summary"] = alert["exp_annotations"]["summary"].replace("h:8000", instance)
+    return alert
+
+
+def test_a_hung_rank_fires_only_where_peers_batched(promtool: str, tmp_path: Path) -> None:
+    """h: engine 1 stops at 30 s while engine 0 decodes two sequences a step (20 tokens, 10 steps a
+    second). i: engine 1 never produced while engine 0 served one sequence at a time (the balancer's
+    tie-break with one client): idle, not hung. j: a one-engine server with no traffic."""
+    series = {
+        f"vllm:generation_tokens_total{on('h:8000', '0')}": "0+20x200",
+        f"vllm:iteration_tokens_total_count{on('h:8000', '0')}": "0+10x200",
+        f"vllm:generation_tokens_total{on('h:8000', '1')}": "0+20x30 600x170",
+        f"vllm:iteration_tokens_total_count{on('h:8000', '1')}": "0+10x30 300x170",
+        f"vllm:generation_tokens_total{on('i:8000', '0')}": "0+10x200",
+        f"vllm:iteration_tokens_total_count{on('i:8000', '0')}": "0+10x200",
+        f"vllm:generation_tokens_total{on('i:8000', '1')}": "0x200",
+        f"vllm:iteration_tokens_total_count{on('i:8000', '1')}": "0x200",
+        f"vllm:generation_tokens_total{on('j:8000', '0')}": "0x200",
+        f"vllm:iteration_tokens_total_count{on('j:8000', '0')}": "0x200",
+    }
+    tests = [{"interval": "1s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+              "alert_rule_test": [
+                  {"eval_time": "60s", "alertname": "VLLMHungRank", "exp_alerts": []},
+                  {"eval_time": "120s", "alertname": "VLLMHungRank",
+                   "exp_alerts": [fired("VLLMHungRank", "critical", engine="1")]},
+              ]}]
+    result = run_promtool(promtool, tmp_path, tests)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_slow_rank_is_judged_against_its_own_servers_peers(promtool: str, tmp_path: Path) -> None:
+    """h: engine 1 at a fifth of engine 0's tokens (fires on 1, never on 0). i: engine 1 at 60 %
+    (quiet). j: one engine alone, slow by any fleet's measure, has no peer (quiet). k: three engines,
+    engine 1 at 30 % of the other two's mean (fires on 1 only)."""
+    series = {
+        f"vllm:generation_tokens_total{on('h:8000', '0')}": "0+100x200",
+        f"vllm:generation_tokens_total{on('h:8000', '1')}": "0+20x200",
+        f"vllm:generation_tokens_total{on('i:8000', '0')}": "0+100x200",
+        f"vllm:generation_tokens_total{on('i:8000', '1')}": "0+60x200",
+        f"vllm:generation_tokens_total{on('j:8000', '0')}": "0+5x200",
+        f"vllm:generation_tokens_total{on('k:8000', '0')}": "0+100x200",
+        f"vllm:generation_tokens_total{on('k:8000', '1')}": "0+30x200",
+        f"vllm:generation_tokens_total{on('k:8000', '2')}": "0+100x200",
+    }
+    tests = [{"interval": "1s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+              "alert_rule_test": [
+                  {"eval_time": "120s", "alertname": "VLLMSlowRank",
+                   "exp_alerts": [fired("VLLMSlowRank", "warning", engine="1"),
+                                  fired("VLLMSlowRank", "warning", instance="k:8000", engine="1")]},
+              ]}]
+    result = run_promtool(promtool, tmp_path, tests)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_asleep_deferred_admission_and_speculation(promtool: str, tmp_path: Path) -> None:
+    """h has each condition; i the healthy side of each (awake, waiting for capacity only, no
+    rejection, drafts mostly accepted)."""
+    series = {
+        f"vllm:engine_sleep_state{on('h:8000', '0', sleep_state='awake')}": "1x30 0x170",
+        f"vllm:engine_sleep_state{on('h:8000', '0', sleep_state='weights_offloaded')}": "0x30 1x170",
+        f"vllm:engine_sleep_state{on('i:8000', '0', sleep_state='awake')}": "1x200",
+        f"vllm:engine_sleep_state{on('i:8000', '0', sleep_state='weights_offloaded')}": "0x200",
+        f"vllm:num_requests_waiting_by_reason{on('h:8000', '0', reason='deferred')}": "0x30 3x170",
+        f"vllm:num_requests_waiting_by_reason{on('h:8000', '0', reason='capacity')}": "0x200",
+        f"vllm:num_requests_waiting_by_reason{on('i:8000', '0', reason='deferred')}": "0x200",
+        f"vllm:num_requests_waiting_by_reason{on('i:8000', '0', reason='capacity')}": "0x30 9x170",
+        f"vllm:admission_rejections_total{on('h:8000', None, reason='max_num_queued_reqs')}": "0x30 0+2x170",
+        f"vllm:admission_rejections_total{on('i:8000', None, reason='max_num_queued_reqs')}": "0x200",
+        f"vllm:spec_decode_num_draft_tokens_total{on('h:8000', '0')}": "0+10x200",
+        f"vllm:spec_decode_num_accepted_tokens_total{on('h:8000', '0')}": "0+1x200",
+        f"vllm:spec_decode_num_draft_tokens_total{on('i:8000', '0')}": "0+10x200",
+        f"vllm:spec_decode_num_accepted_tokens_total{on('i:8000', '0')}": "0+9x200",
+    }
+    tests = [{"interval": "1s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+              "alert_rule_test": [
+                  {"eval_time": "20s", "alertname": "VLLMEngineAsleep", "exp_alerts": []},
+                  {"eval_time": "60s", "alertname": "VLLMEngineAsleep",
+                   "exp_alerts": [fired("VLLMEngineAsleep", "critical", engine="0", sleep_state="awake")]},
+                  {"eval_time": "31s", "alertname": "VLLMRequestsDeferred", "exp_alerts": []},
+                  {"eval_time": "60s", "alertname": "VLLMRequestsDeferred",
+                   "exp_alerts": [fired("VLLMRequestsDeferred", "warning", engine="0", reason="deferred")]},
+                  {"eval_time": "20s", "alertname": "VLLMAdmissionRejected", "exp_alerts": []},
+                  {"eval_time": "60s", "alertname": "VLLMAdmissionRejected",
+                   "exp_alerts": [fired("VLLMAdmissionRejected", "warning", reason="max_num_queued_reqs")]},
+                  {"eval_time": "10s", "alertname": "VLLMSpecDecodeLowAcceptance", "exp_alerts": []},
+                  {"eval_time": "60s", "alertname": "VLLMSpecDecodeLowAcceptance",
+                   "exp_alerts": [fired("VLLMSpecDecodeLowAcceptance", "warning", engine="0")]},
+              ]}]
     result = run_promtool(promtool, tmp_path, tests)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 from diagnostics.core.catalog import parse_snapshot
 from diagnostics.core.derive import Scrape, derive_state
 from diagnostics.core.diagnosis import diagnose, prepare
-from diagnostics.core.diagnosis.engines import per_engine, silent_ranks, slow_ranks
+from diagnostics.core.diagnosis.engines import load_skews, per_engine, silent_ranks, slow_ranks
 from diagnostics.core.figures import ENGINE_PANELS, engines_figure
 from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
@@ -191,3 +191,74 @@ def test_a_rank_that_resumes_is_reported_with_its_end() -> None:
     hung = [f for f in diagnose(prepare(window(rows))) if f.id == "hung_rank"]
     assert len(hung) == 1 and hung[0].evidence["ongoing"] is False and "then it resumed" in hung[0].title
     assert hung[0].time_range == (3.0, 11.0) and hung[0].evidence["seconds_without_tokens"] == 8.0
+
+
+# -- requests not spread: one engine queues while a peer has room ---------------------------------
+
+
+def pinned(seconds: int, *, peer_waiting: float = 0.0, usage: float = 0.01, peer_usage: float = 0.0,
+           waiting: float = 8.0) -> list[Scrape]:
+    """Engine 0 decodes 4 sequences a step (100 steps/s) with ``waiting`` queued; engine 1 one
+    sequence a step (50 steps/s): a router sends nearly everything to engine 0."""
+    rows = []
+    for t in range(seconds):
+        rows.append(({"gen": 400.0 * t, "steps": 100.0 * t, "running": 4.0, "waiting": waiting, "usage": usage},
+                     {"gen": 50.0 * t, "steps": 50.0 * t, "running": 1.0, "waiting": peer_waiting,
+                      "usage": peer_usage}))
+    return window(rows)
+
+
+def ok_of(scrapes: Sequence[Scrape]) -> list[tuple[Scrape, object]]:
+    return [(s, s.snapshot) for s in scrapes if s.snapshot is not None]
+
+
+def test_an_engine_queueing_beside_a_peer_with_room_is_a_routing_skew_not_a_slow_rank_or_the_cap() -> None:
+    scrapes = pinned(20)
+    skews = load_skews(ok_of(scrapes), 10.0, 0.95, 0.4)
+    assert [(k.engine, k.peer, k.kind, k.max_waiting, k.running, k.peer_running) for k in skews] == [
+        (("m", "0"), ("m", "1"), "waiting", 8.0, 4.0, 1.0)]
+    assert (skews[0].since, skews[0].until) == (0.0, 19.0)
+    # Engine 1 made 50 tokens/s against 400 (12.5 %), but one sequence a step against four: starved, not slow.
+    assert slow_ranks(ok_of(scrapes), 10.0, 0.4) == []
+    findings = [f for f in diagnose(prepare(scrapes, max_num_seqs=4)) if f.severity != "info"]
+    assert [f.id for f in findings] == ["engine_imbalance"]
+    assert findings[0].evidence["skew"] == "waiting" and findings[0].knobs == ("dp-balance",)
+    assert "engine 0 (m) held up to 8 waiting at 4 running while engine 1 (m) had room" in findings[0].title
+    assert not findings[0].suggestions  # no flag: the routing is the fix
+
+
+def test_a_short_skew_or_a_peer_that_queues_too_is_not_a_routing_skew() -> None:
+    assert load_skews(ok_of(pinned(8)), 10.0, 0.95, 0.4) == []  # 7 s < 10 s
+    both = pinned(20, peer_waiting=2.0)  # both engines queue: the capacity, not the routing
+    assert load_skews(ok_of(both), 10.0, 0.95, 0.4) == []
+    assert "queue_at_cap" in [f.id for f in diagnose(prepare(both, max_num_seqs=4))]
+
+
+def test_a_kv_cache_full_beside_an_emptier_peer_is_a_kv_skew() -> None:
+    scrapes = pinned(20, waiting=0.0, usage=0.97, peer_usage=0.30)
+    skews = load_skews(ok_of(scrapes), 10.0, 0.95, 0.4)
+    assert [(k.engine, k.kind, k.max_kv_usage, k.peer_kv_usage) for k in skews] == [(("m", "0"), "kv", 0.97, 0.30)]
+    near = pinned(20, waiting=0.0, usage=0.97, peer_usage=0.60)  # 37 points apart: under the 40-point gap
+    assert load_skews(ok_of(near), 10.0, 0.95, 0.4) == []
+
+
+def test_the_real_pinned_recording_is_a_skew_and_its_idle_rank_is_not_hung() -> None:
+    """Real vLLM 0.32, --data-parallel-size 2 --max-num-seqs 4, 12 clients pinned to engine 0 by
+    the X-data-parallel-rank header and one placed by the balancer. When the free client stops,
+    engine 1 goes silent while engine 0 still drains 4 a step: silent_ranks sees a silence, and
+    the diagnosis must not call it hung (requests were routed away from it all along)."""
+    scrapes = read_recording(INCIDENTS / "pinned_rank_dp2.jsonl.gz").scrapes()
+    ok = ok_of(scrapes)
+    skews = load_skews(ok, 10.0, 0.95, 0.4)
+    assert [(k.engine[1], k.peer[1], k.kind) for k in skews] == [("0", "1", "waiting")]
+    assert skews[0].seconds >= 20 and skews[0].max_waiting == 8 and skews[0].running == 4
+    assert [r.engine[1] for r in silent_ranks(ok, 5.0, 1.05)] == ["1"]
+    ids = [f.id for f in diagnose(prepare(scrapes)) if f.severity != "info"]
+    assert ids == ["engine_imbalance"]
+
+
+def test_the_simulated_sticky_router_is_a_skew_on_engine_0() -> None:
+    scrapes = [Scrape(t, parse_snapshot(text)) for t, text in Simulation("pinned_rank").run_for(40)]
+    assert slow_ranks(ok_of(scrapes), 10.0, 0.4) == []
+    found = [f for f in diagnose(prepare(scrapes)) if f.id == "engine_imbalance"]
+    assert [(f.evidence["engine"], f.evidence["skew"]) for f in found] == [("0", "waiting")]

@@ -5,7 +5,8 @@ spellings are queried with ``or`` (``kv_cache_usage_perc`` / ``gpu_cache_usage_p
 ``inter_token_latency_seconds`` / ``time_per_output_token_seconds``, ``prefix_cache_*`` /
 ``gpu_prefix_cache_*``). Durations in ``for:`` are the engine's own thresholds; Prometheus checks
 them at its evaluation interval. Head-of-line blocking needs per-interval histograms aligned with
-prefills and is left to ``python -m diagnostics diagnose``.
+prefills and is left to ``python -m diagnostics diagnose``; so are the findings that rest on a
+pasted log (an engine's death shows here as the server down: vLLM's API server exits with it).
 
 Every join is on the series' own server (:data:`SAME_SERVER`: ``job``, ``instance``, ``model_name``,
 ``engine``), so in a fleet a replica's alert reads only its own numbers: never "preempting here,
@@ -24,6 +25,9 @@ SAME_SERVER = "on (job, instance, model_name, engine)"
 WHO = "{{ $labels.instance }} ({{ $labels.model_name }})"
 ITL_BUCKET = "vllm:inter_token_latency_seconds_bucket"
 OLD_ITL_BUCKET = "vllm:time_per_output_token_seconds_bucket"
+GEN = "vllm:generation_tokens_total"
+STEPS = "vllm:iteration_tokens_total_count"
+PER_SERVER = "on (job, instance, model_name)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,56 @@ def alert_rules(t: Thresholds, *, job: str = "vllm", itl_budget_ms: float | None
             0, "warning",
             f"{WHO}: n > 1 sampling with prefix caching off: --enable-prefix-caching.",
             "sharing-wasted",
+        ),
+        AlertRule(
+            "VLLMEngineAsleep", 'vllm:engine_sleep_state{sleep_state="awake"} == 0', 0, "critical",
+            f"{WHO}: engine {{{{ $labels.engine }}}} is asleep (sleep mode): nothing is served until "
+            "POST /wake_up.", "asleep",
+        ),
+        AlertRule(
+            "VLLMHungRank",
+            # One engine produced nothing for a minute while the server's steps carried more than one
+            # token each: its peers batched, which vLLM's balancer allows only while this rank held
+            # requests too (an idle rank beside a peer serving one request at a time stays quiet).
+            f"increase({GEN}[1m]) == 0 and {PER_SERVER} "
+            f"(sum by (job, instance, model_name) (increase({GEN}[1m])) / "
+            f"sum by (job, instance, model_name) (increase({STEPS}[1m])) > {t.hung_rank_peer_batch})",
+            0, "critical",
+            f"{WHO}: engine {{{{ $labels.engine }}}} produced no token for a minute while its peers served: "
+            "a hung rank (dump its EngineCore_DP process's stacks, then restart it).", "hung-rank",
+        ),
+        AlertRule(
+            "VLLMSlowRank",
+            # The engine's tokens against the mean of its peers' (the others of its server).
+            f"increase({GEN}[1m]) > 0 and increase({GEN}[1m]) <= {t.slow_rank_max_ratio:g} * "
+            f"((sum by (job, instance, model_name) (increase({GEN}[1m])) - {PER_SERVER} group_right () "
+            f"increase({GEN}[1m])) / {PER_SERVER} group_left () "
+            f"(count by (job, instance, model_name) (increase({GEN}[1m])) - 1))",
+            0, "warning",
+            f"{WHO}: engine {{{{ $labels.engine }}}} generated at most {t.slow_rank_max_ratio * 100:.0f} % of its "
+            "peers' tokens over the last minute: a slow rank (check its device and host).", "slow-rank",
+        ),
+        AlertRule(
+            "VLLMRequestsDeferred",
+            'vllm:num_requests_waiting_by_reason{reason="deferred"} > 0',
+            t.queue_min_seconds, "warning",
+            f"{WHO}: requests wait for a LoRA slot or a KV transfer, not for capacity: --max-loras up to "
+            "the adapters in use (never --max-num-seqs).", "deferred",
+        ),
+        AlertRule(
+            "VLLMAdmissionRejected",
+            "increase(vllm:admission_rejections_total[1m]) > 0", 0, "warning",
+            f"{WHO}: requests rejected with 503 by the {{{{ $labels.reason }}}} limit: more capacity or a "
+            "higher limit (python -m diagnostics diagnose names which).", "admission",
+        ),
+        AlertRule(
+            "VLLMSpecDecodeLowAcceptance",
+            f"increase(vllm:spec_decode_num_accepted_tokens_total[5m]) / {SAME_SERVER} "
+            f"increase(vllm:spec_decode_num_draft_tokens_total[5m]) < {t.spec_low_acceptance:g} and {SAME_SERVER} "
+            f"increase(vllm:spec_decode_num_draft_tokens_total[5m]) >= {t.spec_min_draft_tokens:g}",
+            0, "warning",
+            f"{WHO}: under {t.spec_low_acceptance * 100:.0f} % of drafted tokens accepted: fewer "
+            "num_speculative_tokens in --speculative-config, or speculation off.", "spec-decode",
         ),
     ]
     if itl_budget_ms is not None:

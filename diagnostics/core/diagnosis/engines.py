@@ -189,12 +189,23 @@ class SlowRank:
     def ratio(self) -> float:
         return self.tokens_per_second / self.peer_tokens_per_second if self.peer_tokens_per_second else 1.0
 
+    @property
+    def starved(self) -> bool:
+        """Fewer sequences per step than half its peers': the rank was given less work (a router
+        pinning requests elsewhere), it did not do its work slower. Unknown without step counts."""
+        if not self.steps_per_second or not self.peer_steps_per_second or not self.peer_tokens_per_second:
+            return False
+        batch = self.tokens_per_second / self.steps_per_second
+        return batch < 0.5 * (self.peer_tokens_per_second / self.peer_steps_per_second)
+
 
 def slow_ranks(ok: Sequence[tuple[Scrape, Snapshot]], window_seconds: float, max_ratio: float) -> list[SlowRank]:
     """Engines whose generated tokens over every trailing ``window_seconds`` stayed at or below
     ``max_ratio`` of their peers' mean, for at least that long, while they kept producing (a silent
     engine is :func:`silent_ranks`'s). vLLM's balancer evens out requests in flight, so a rank that
-    serves them slower shows as fewer tokens a second, not as a longer queue."""
+    serves them slower shows as fewer tokens a second, not as a longer queue; a rank that decoded
+    far fewer sequences a step than its peers was given less work (:attr:`SlowRank.starved`), which
+    :func:`load_skews` judges where it made anyone wait."""
     work = per_engine(ok)
     if len(work) < 2:
         return []
@@ -219,7 +230,9 @@ def slow_ranks(ok: Sequence[tuple[Scrape, Snapshot]], window_seconds: float, max
                 run.append(point)
                 continue
             if run and run[-1].end - run[0].start >= window_seconds:
-                found.append(_slow(engine, run, work, window_seconds))
+                rank = _slow(engine, run, work, window_seconds)
+                if not rank.starved:
+                    found.append(rank)
             run = []
     return found
 
@@ -241,3 +254,84 @@ def _slow(engine: EngineKey, run: list[EngineInterval], work: dict[EngineKey, li
     peer_steps = [s for _, s in peer if s is not None]
     return SlowRank(engine, since, until, own_tokens, sum(t for t, _ in peer) / len(peer), own_steps,
                     sum(peer_steps) / len(peer_steps) if peer_steps else None)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSkew:
+    """An engine that queued (or filled its KV cache) while a peer of the same server had room, for
+    ``since``…``until``: vLLM's balancer would not have sent it those requests, so something routes
+    around the balancer."""
+
+    engine: EngineKey
+    peer: EngineKey
+    since: float
+    until: float
+    kind: str  # "waiting" or "kv"
+    max_waiting: float
+    running: float  # the busy engine's most frequent running count meanwhile (its cap, when it queued)
+    peer_running: float
+    peer_waiting: float
+    max_kv_usage: float | None
+    peer_kv_usage: float | None
+
+    @property
+    def seconds(self) -> float:
+        return self.until - self.since
+
+
+def _skewed(snap: Snapshot, engine: EngineKey, peer: EngineKey, kv_full: float, kv_gap: float) -> str | None:
+    """Whether ``engine`` holds work ``peer`` had room for in this scrape (the gauges each engine last
+    reported): waiting while the peer waits for nothing with fewer running, or a KV cache near full
+    while the peer's is far emptier."""
+    def v(concept: str, key: EngineKey) -> float | None:
+        return snap.value(concept, key)
+
+    waiting, peer_waiting = v("num_requests_waiting", engine), v("num_requests_waiting", peer)
+    running, peer_running = v("num_requests_running", engine), v("num_requests_running", peer)
+    if waiting and running is not None and peer_waiting == 0 and peer_running is not None and peer_running < running:
+        return "waiting"
+    usage, peer_usage = v("kv_cache_usage_perc", engine), v("kv_cache_usage_perc", peer)
+    if usage is not None and peer_usage is not None and usage >= kv_full and peer_usage <= usage - kv_gap:
+        return "kv"
+    return None
+
+
+def load_skews(ok: Sequence[tuple[Scrape, Snapshot]], min_seconds: float, kv_full: float,
+               kv_gap: float) -> list[LoadSkew]:
+    """Engines holding work a peer had room for (:func:`_skewed`) in every scrape of a run of at least
+    ``min_seconds``. Judged from the per-engine gauges, which can read 0 on a 2-core host whose
+    frontend is the bottleneck (see the module docstring): there nothing is found, never a false skew."""
+    engines = engines_of(ok)
+    found = []
+    for engine in engines:
+        for peer in engines:
+            if peer == engine:
+                continue
+            run: list[tuple[Scrape, Snapshot, str]] = []
+            for item in [*ok, None]:
+                kind = _skewed(item[1], engine, peer, kv_full, kv_gap) if item is not None else None
+                if item is not None and kind is not None:
+                    run.append((item[0], item[1], kind))
+                    continue
+                if run and run[-1][0].ts - run[0][0].ts >= min_seconds:
+                    found.append(_skew(engine, peer, run))
+                run = []
+    return found
+
+
+def _skew(engine: EngineKey, peer: EngineKey, run: list[tuple[Scrape, Snapshot, str]]) -> LoadSkew:
+    def gauge(concept: str, key: EngineKey) -> list[float]:
+        return [x for _, snap, _ in run if (x := snap.value(concept, key)) is not None]
+
+    running = gauge("num_requests_running", engine)
+    kinds = [kind for *_, kind in run]
+    usage, peer_usage = gauge("kv_cache_usage_perc", engine), gauge("kv_cache_usage_perc", peer)
+    return LoadSkew(
+        engine, peer, run[0][0].ts, run[-1][0].ts,
+        max(set(kinds), key=kinds.count),
+        max(gauge("num_requests_waiting", engine), default=0.0),
+        max(set(running), key=running.count) if running else 0.0,
+        max(gauge("num_requests_running", peer), default=0.0),
+        max(gauge("num_requests_waiting", peer), default=0.0),
+        max(usage) if usage else None, max(peer_usage) if peer_usage else None,
+    )

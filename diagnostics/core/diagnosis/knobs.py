@@ -156,6 +156,18 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         "vllm/v1/engine/core_client.py (DP load balancing by requests in flight)",
     ),
     KnobRow(
+        "dp-balance",
+        "One data-parallel engine queues (or fills its KV cache) while a peer of the same server has room",
+        "Requests routed around vLLM's balancer, which would send each to the engine with the fewest in "
+        "flight: an X-data-parallel-rank header set by a router, session affinity or prefix-aware routing in "
+        "an external load balancer (--data-parallel-external-lb / --data-parallel-hybrid-lb); spread them, "
+        "or size --data-parallel-size for the load each rank really gets",
+        (),
+        "fix the routing",
+        "vllm/v1/engine/core_client.py (DPLBAsyncMPClient.get_core_engine_for_request) and "
+        "vllm/entrypoints (X-data-parallel-rank header)",
+    ),
+    KnobRow(
         "asleep",
         "Engine asleep (engine_sleep_state awake = 0): nothing served, /health still answers",
         "Someone called /sleep (sleep mode): wake it with /wake_up, or find the owner that put it to sleep; "

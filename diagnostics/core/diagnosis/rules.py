@@ -27,7 +27,7 @@ from diagnostics.core.derive import (
     spec_decode,
 )
 from diagnostics.core.diagnosis.context import Context, episodes
-from diagnostics.core.diagnosis.engines import engine_name, silent_ranks, slow_ranks
+from diagnostics.core.diagnosis.engines import LoadSkew, engine_name, load_skews, silent_ranks, slow_ranks
 from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.logs import log_time
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
@@ -229,7 +229,10 @@ def hung_rank(ctx: Context) -> list[Finding]:
     the engine, since when, and what it last reported holding."""
     t = ctx.thresholds
     findings = []
+    skews = _skews(ctx)
     for rank in silent_ranks(ctx.ok, t.hung_rank_min_seconds, t.hung_rank_peer_batch):
+        if any(skew.peer == rank.engine and skew.since <= rank.since for skew in skews):
+            continue  # requests were routed away from this rank already while it answered: idle, not hung
         name = engine_name(rank.engine)
         held = [f"{v:.0f} {what}" for v, what in ((rank.last_running, "running"), (rank.last_waiting, "waiting"))
                 if v]
@@ -304,11 +307,21 @@ def engine_asleep(ctx: Context) -> list[Finding]:
     return findings
 
 
-def engine_imbalance(ctx: Context) -> list[Finding]:
-    """One engine generating a small share of its peers' tokens while serving all along (a slow rank:
-    the balancer evens out requests in flight, not speed): a device or host to look at, not a flag."""
+def _skews(ctx: Context) -> list[LoadSkew]:
     t = ctx.thresholds
-    findings = []
+    return load_skews(ctx.ok, t.skew_min_seconds, t.kv_full_perc, t.skew_kv_gap)
+
+
+def engine_imbalance(ctx: Context) -> list[Finding]:
+    """Engines of one server out of balance, two ways:
+
+    - one engine queues (or fills its KV cache) while a peer has room: requests routed around vLLM's
+      balancer (which sends each to the engine with the fewest in flight), so fix the routing; raising
+      --max-num-seqs would only deepen the busy engine's batch;
+    - one engine generates a small share of its peers' tokens while serving all along (a slow rank:
+      the balancer evens out requests in flight, not speed): a device or host to look at, not a flag."""
+    t = ctx.thresholds
+    findings = [_skew_finding(ctx, skew) for skew in _skews(ctx)]
     for rank in slow_ranks(ctx.ok, t.slow_rank_window_seconds, t.slow_rank_max_ratio):
         name = engine_name(rank.engine)
         steps = (f"; {rank.steps_per_second:,.0f} engine steps a second against {rank.peer_steps_per_second:,.0f}"
@@ -340,6 +353,39 @@ def engine_imbalance(ctx: Context) -> list[Finding]:
             chart="generation_tokens",
         ))
     return findings
+
+
+def _skew_finding(ctx: Context, skew: LoadSkew) -> Finding:
+    name, peer = engine_name(skew.engine), engine_name(skew.peer)
+    if skew.kind == "waiting":
+        what = (f"{name} held up to {skew.max_waiting:.0f} waiting at {skew.running:.0f} running while {peer} had room "
+                f"({skew.peer_running:.0f} running at most, none waiting)")
+    else:
+        what = (f"{name}'s KV cache reached {(skew.max_kv_usage or 0) * 100:.0f} % while {peer}'s stayed at "
+                f"{(skew.peer_kv_usage or 0) * 100:.0f} % or less")
+    return Finding(
+        id="engine_imbalance",
+        severity="warning",
+        title=f"Requests not spread across engines: {what} for {_fmt_s(skew.seconds)}",
+        evidence={"engine": skew.engine[1], "model_name": skew.engine[0], "peer_engine": skew.peer[1],
+                  "skew": skew.kind, "max_num_requests_waiting": skew.max_waiting,
+                  "num_requests_running": skew.running, "peer_max_num_requests_running": skew.peer_running,
+                  "peer_max_num_requests_waiting": skew.peer_waiting, "max_kv_cache_usage_perc": skew.max_kv_usage,
+                  "peer_max_kv_cache_usage_perc": skew.peer_kv_usage, "seconds": round(skew.seconds, 3),
+                  "window": _span(ctx)},
+        checks=(
+            "vLLM's own balancer sends each request to the engine with the fewest in flight, so a queue on one "
+            "rank beside room on another means something routes around it: a router setting the "
+            "X-data-parallel-rank header, session affinity or prefix-aware routing in an external load balancer "
+            "(--data-parallel-external-lb / --data-parallel-hybrid-lb).",
+            f"Raising --max-num-seqs would only deepen the batch (and the ITL) on {name} while {peer} idles: spread the "
+            "requests first.",
+            "If the routing is deliberate (prefix affinity), size that rank for the load it really gets.",
+        ),
+        time_range=(skew.since, skew.until),
+        knobs=("dp-balance",),
+        chart="num_requests_waiting",
+    )
 
 
 def more_kv_capacity(flags: KnownFlags, t: Thresholds) -> Suggestion | None:
@@ -450,7 +496,13 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
     if cap <= 0:
         return []
     points = []
+    # Any scrape where another engine had room (however briefly): routing, judged by engine_imbalance.
+    skews = [(skew.since, skew.until) for skew in load_skews(ctx.ok, 0.0, t.kv_full_perc, t.skew_kv_gap)
+             if skew.kind == "waiting"]
     for scrape, snap in ok:
+        if any(a <= scrape.ts <= b for a, b in skews):
+            points.append((scrape.ts, False))  # another engine had room: routing (engine_imbalance), not the cap
+            continue
         by_reason = snap.by_label("num_requests_waiting_by_reason") or {}
         waiting = by_reason.get("capacity", snap.value("num_requests_waiting") or 0)
         usage = snap.value("kv_cache_usage_perc")

@@ -92,6 +92,8 @@ class Thresholds:
     hung_rank_peer_batch: float = 1.05
     slow_rank_window_seconds: float = 10.0  # one engine's share of tokens judged over this trailing window
     slow_rank_max_ratio: float = 0.4  # an engine generating this share of its peers' tokens (or less) is slow
+    skew_min_seconds: float = 10.0  # one engine queued (or full) while a peer had room, this long
+    skew_kv_gap: float = 0.4  # a KV skew: the peer's usage at least this far below a near-full engine's
     slow_scrape_max_seconds: float = 5.0  # timed-out scrapes, answered again within this: slow, not down
     slow_scrape_warning_count: int = 3  # this many late scrapes in the window is a warning (fewer: info)
     spec_min_draft_tokens: float = 200.0  # judge speculation only on this many drafted tokens
