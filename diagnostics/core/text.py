@@ -13,6 +13,12 @@ from diagnostics.core.gpu import DevicePeak
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~:$&])")
 
 
+# How a person names each state vllm:engine_sleep_state can report (Snapshot.asleep()'s values).
+SLEEP_LEVELS = {"scheduling_paused": "level 0: scheduling paused, weights and KV cache kept",
+                "weights_offloaded": "level 1: weights offloaded to host memory, KV cache discarded",
+                "discard_all": "level 2: weights and KV cache discarded"}
+
+
 def md_escape(text: object) -> str:
     """A server-provided string made inert for ``st.markdown``-rendered elements."""
     return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")

@@ -32,6 +32,7 @@ from diagnostics.core.info import ServerInfo, TargetStatus
 from diagnostics.core.sim_scenarios import SCENARIOS
 from diagnostics.core.targets import PrometheusInstance, TargetsConfig
 from diagnostics.core.text import (
+    SLEEP_LEVELS,
     fmt_bytes,
     fmt_latency,
     fmt_optional,
@@ -273,7 +274,8 @@ def headline(derived: DerivedState, status: TargetStatus | None = None, history:
     if status is not None and status.state in ("down", "stale", "not_vllm") and derived.ts is not None:
         st.caption(f"Last known values, from the scrape at {fmt_when(derived.ts)}.")
     if derived.asleep:
-        engines = ", ".join(f"engine {md_escape(e)} ({md_escape(level)})" for e, level in sorted(derived.asleep.items()))
+        engines = ", ".join(f"engine {md_escape(e)} ({md_escape(SLEEP_LEVELS.get(level, level))})"
+                            for e, level in sorted(derived.asleep.items()))
         st.error(f"**Asleep:** {engines}. It serves nothing until woken (POST /wake_up); see Diagnose.")
     cols = st.columns(6)
     cols[0].metric("KV cache used", _pct(derived.kv_cache_usage_perc))
@@ -371,7 +373,7 @@ def panels(
             chart(
                 partial(figures.latency_figure, shown, concept, quantile_window_seconds),
                 f"{key}-{concept}",
-                f"No requests in this window: no {figures.LATENCY_NAMES[concept]} to show.",
+                f"No {figures.LATENCY_NAMES[concept]} observed in this window (no request reached that point).",
             )
     left, right = st.columns(2)
     with left:

@@ -39,7 +39,7 @@ def test_status_says_asleep_in_words() -> None:
     state = derive_state(scrapes)
     assert state.asleep == {"0": "weights_offloaded"}
     text = render_status(status_object(state, None, target="sim", up=True, target_state="up", error=None))
-    assert "ASLEEP        engine 0 (weights_offloaded)" in text
+    assert "ASLEEP        engine 0 (level 1: weights offloaded to host memory, KV cache discarded)" in text
 
 
 def test_running_requests_and_no_tokens_while_asleep_are_not_a_stall() -> None:

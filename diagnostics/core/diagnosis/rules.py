@@ -31,7 +31,7 @@ from diagnostics.core.diagnosis.engines import LoadSkew, engine_name, load_skews
 from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.logs import log_time
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
-from diagnostics.core.text import fmt_latency, fmt_seconds_as_ms
+from diagnostics.core.text import SLEEP_LEVELS, fmt_latency, fmt_seconds_as_ms
 
 # -- helpers ---------------------------------------------------------------------------------------
 
@@ -267,8 +267,6 @@ def hung_rank(ctx: Context) -> list[Finding]:
     return findings
 
 
-SLEEP_LEVELS = {"weights_offloaded": "level 1: weights offloaded to host memory, KV cache discarded",
-                "discard_all": "level 2: weights and KV cache discarded"}
 
 
 def engine_asleep(ctx: Context) -> list[Finding]:
