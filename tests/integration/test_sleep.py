@@ -41,6 +41,7 @@ def test_a_sleeping_engine_is_named_asleep_not_stalled_and_serves_again_once_wok
         asleep_status = cli_json("status", "--url", server.url)
         assert httpx.post(server.url + "/wake_up", timeout=30).status_code == 200
         streams[0].join(60)
+        assert not streams[0].is_alive()  # the clients' requests held while asleep all came back
         awake_status = cli_json("status", "--url", server.url)
     finally:
         server.stop()

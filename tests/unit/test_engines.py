@@ -262,3 +262,79 @@ def test_the_simulated_sticky_router_is_a_skew_on_engine_0() -> None:
     assert slow_ranks(ok_of(scrapes), 10.0, 0.4) == []
     found = [f for f in diagnose(prepare(scrapes)) if f.id == "engine_imbalance"]
     assert [(f.evidence["engine"], f.evidence["skew"]) for f in found] == [("0", "waiting")]
+
+
+def test_a_peer_without_room_or_a_modest_kv_gap_is_no_skew() -> None:
+    # Both engines hold 4 running; engine 1 has no queue but no fewer running either: no room.
+    even = window([({"gen": 400.0 * t, "steps": 100.0 * t, "running": 4.0, "waiting": 8.0},
+                    {"gen": 400.0 * t, "steps": 100.0 * t, "running": 4.0, "waiting": 0.0}) for t in range(20)])
+    assert load_skews(ok_of(even), 10.0, 0.95, 0.4) == []
+    # KV 60 % against 10 %: a wide gap, but nobody near full (nothing waits for blocks).
+    half = pinned(20, waiting=0.0, usage=0.60, peer_usage=0.10)
+    assert load_skews(ok_of(half), 10.0, 0.95, 0.4) == []
+
+
+def test_skew_boundaries_are_inclusive() -> None:
+    assert [k.seconds for k in load_skews(ok_of(pinned(11)), 10.0, 0.95, 0.4)] == [10.0]  # exactly 10 s
+    assert load_skews(ok_of(pinned(10)), 10.0, 0.95, 0.4) == []  # 9 s
+    # At the "full" line and exactly the gap apart (values binary fractions represent exactly).
+    exact = pinned(20, waiting=0.0, usage=0.75, peer_usage=0.25)
+    assert [k.kind for k in load_skews(ok_of(exact), 10.0, 0.75, 0.5)] == ["kv"]
+    assert load_skews(ok_of(pinned(20, waiting=0.0, usage=0.75, peer_usage=0.375)), 10.0, 0.75, 0.5) == []
+
+
+def test_a_skew_reports_its_typical_gauges_not_the_last_or_extreme_ones() -> None:
+    rows = []
+    for t in range(20):
+        running = 4.0 if t != 7 else 5.0  # one scrape caught mid-step with one more
+        rows.append(({"gen": 400.0 * t, "steps": 100.0 * t, "running": running, "waiting": 2.0 + t % 5},
+                     {"gen": 50.0 * t, "steps": 50.0 * t, "running": 1.0 if t < 19 else 0.0, "waiting": 0.0}))
+    (skew,) = load_skews(ok_of(window(rows)), 10.0, 0.95, 0.4)
+    assert (skew.kind, skew.running, skew.max_waiting, skew.peer_running, skew.peer_waiting) == (
+        "waiting", 4.0, 6.0, 1.0, 0.0)
+
+
+def test_a_rank_that_hangs_holding_requests_is_hung_even_after_a_skew() -> None:
+    """Engine 0 is pinned and queues from t=0; at t=12 engine 1 stops holding 2 running requests
+    (its gauges freeze, which look like room). It is a hang: critical, and not also "fix the
+    routing" for the queue its silence leaves."""
+    rows = []
+    e1 = {"gen": 0.0, "steps": 0.0, "running": 1.0, "waiting": 0.0}
+    for t in range(30):
+        if t < 12:
+            e1 = {"gen": 50.0 * t, "steps": 50.0 * t, "running": 1.0 if t < 11 else 2.0, "waiting": 0.0}
+        rows.append(({"gen": 400.0 * t, "steps": 100.0 * t, "running": 4.0, "waiting": 8.0}, dict(e1)))
+    ids = [f.id for f in diagnose(prepare(window(rows)))]
+    assert "hung_rank" in ids
+    imbalance = [f for f in diagnose(prepare(window(rows))) if f.id == "engine_imbalance"]
+    assert all(f.time_range is not None and f.time_range[1] <= 12.0 for f in imbalance)
+
+
+def test_room_that_flickers_is_no_way_around_the_cap() -> None:
+    """Engine 0 at its cap of 4 with 3 waiting for 40 s; engine 1 has room in two scrapes of every
+    three (then fills): no sustained routing skew, so the queue is the cap's."""
+    rows = []
+    for t in range(40):
+        room = t % 3 != 2
+        rows.append(({"gen": 400.0 * t, "steps": 100.0 * t, "running": 4.0, "waiting": 3.0},
+                     {"gen": 300.0 * t, "steps": 100.0 * t, "running": 2.0 if room else 4.0,
+                      "waiting": 0.0 if room else 1.0}))
+    ids = [f.id for f in diagnose(prepare(window(rows), max_num_seqs=4))]
+    assert "queue_at_cap" in ids or "engine_imbalance" in ids
+
+
+def test_a_slow_rank_without_step_counts_is_still_slow() -> None:
+    lines = []
+    for t in range(20):
+        lines.append((float(t), f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {600.0 * t}\n'
+                                f'vllm:generation_tokens_total{{engine="1",model_name="m"}} {100.0 * t}\n'))
+    scrapes = [Scrape(ts, parse_snapshot(text)) for ts, text in lines]
+    assert [r.engine for r in slow_ranks(ok_of(scrapes), 10.0, 0.4)] == [("m", "1")]
+
+
+def test_the_simulated_sticky_router_pins_most_but_not_all_requests() -> None:
+    scrapes = [Scrape(t, parse_snapshot(text)) for t, text in Simulation("pinned_rank").run_for(30)]
+    last = scrapes[-1].snapshot
+    assert last is not None
+    e1 = last.value("generation_tokens", ("sim-llama-3.1-8b", "1"))
+    assert e1 is not None and e1 > 0  # the free tenth reaches engine 1

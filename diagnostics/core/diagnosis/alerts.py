@@ -88,22 +88,32 @@ def alert_rules(t: Thresholds, *, job: str = "vllm", itl_budget_ms: float | None
         AlertRule(
             "VLLMHungRank",
             # One engine produced nothing for a minute while the server's steps carried more than one
-            # token each: its peers batched, which vLLM's balancer allows only while this rank held
-            # requests too (an idle rank beside a peer serving one request at a time stays quiet).
+            # token each (its peers batched, which vLLM's balancer allows only while this rank held
+            # requests too), and either it reports requests of its own or nobody on the server waits:
+            # a rank left idle because a router pins requests to its peers (they queue) is not hung.
             f"increase({GEN}[1m]) == 0 and {PER_SERVER} "
             f"(sum by (job, instance, model_name) (increase({GEN}[1m])) / "
-            f"sum by (job, instance, model_name) (increase({STEPS}[1m])) > {t.hung_rank_peer_batch})",
+            f"sum by (job, instance, model_name) (increase({STEPS}[1m])) > {t.hung_rank_peer_batch}) "
+            f"and ((vllm:num_requests_running + vllm:num_requests_waiting) > 0 or "
+            f"(vllm:num_requests_waiting * 0 + {PER_SERVER} group_left () "
+            f"sum by (job, instance, model_name) (vllm:num_requests_waiting)) == 0)",
             0, "critical",
             f"{WHO}: engine {{{{ $labels.engine }}}} produced no token for a minute while its peers served: "
             "a hung rank (dump its EngineCore_DP process's stacks, then restart it).", "hung-rank",
         ),
         AlertRule(
             "VLLMSlowRank",
-            # The engine's tokens against the mean of its peers' (the others of its server).
+            # The engine's tokens against the mean of its peers' (the others of its server), among
+            # ranks that decoded at least half as many sequences a step as their peers: fewer a step
+            # means it was given less work (a router pinning requests elsewhere), not that it is slow.
             f"increase({GEN}[1m]) > 0 and increase({GEN}[1m]) <= {t.slow_rank_max_ratio:g} * "
             f"((sum by (job, instance, model_name) (increase({GEN}[1m])) - {PER_SERVER} group_right () "
             f"increase({GEN}[1m])) / {PER_SERVER} group_left () "
-            f"(count by (job, instance, model_name) (increase({GEN}[1m])) - 1))",
+            f"(count by (job, instance, model_name) (increase({GEN}[1m])) - 1)) "
+            f"and increase({GEN}[1m]) / increase({STEPS}[1m]) >= 0.5 * "
+            f"((sum by (job, instance, model_name) (increase({GEN}[1m])) - {PER_SERVER} group_right () "
+            f"increase({GEN}[1m])) / (sum by (job, instance, model_name) (increase({STEPS}[1m])) - "
+            f"{PER_SERVER} group_right () increase({STEPS}[1m])))",
             0, "warning",
             f"{WHO}: engine {{{{ $labels.engine }}}} generated at most {t.slow_rank_max_ratio * 100:.0f} % of its "
             "peers' tokens over the last minute: a slow rank (check its device and host).", "slow-rank",

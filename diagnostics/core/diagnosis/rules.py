@@ -231,8 +231,11 @@ def hung_rank(ctx: Context) -> list[Finding]:
     findings = []
     skews = _skews(ctx)
     for rank in silent_ranks(ctx.ok, t.hung_rank_min_seconds, t.hung_rank_peer_batch):
-        if any(skew.peer == rank.engine and skew.since <= rank.since for skew in skews):
-            continue  # requests were routed away from this rank already while it answered: idle, not hung
+        if not (rank.last_running or rank.last_waiting) and any(
+                skew.peer == rank.engine and skew.since <= rank.since for skew in skews):
+            # Requests were routed away from this rank while it answered, and it last reported holding
+            # none: idle, not hung. One that reported requests of its own is hung whatever the routing.
+            continue
         name = engine_name(rank.engine)
         held = [f"{v:.0f} {what}" for v, what in ((rank.last_running, "running"), (rank.last_waiting, "waiting"))
                 if v]
@@ -319,7 +322,12 @@ def engine_imbalance(ctx: Context) -> list[Finding]:
     - one engine generates a small share of its peers' tokens while serving all along (a slow rank:
       the balancer evens out requests in flight, not speed): a device or host to look at, not a flag."""
     t = ctx.thresholds
-    findings = [_skew_finding(ctx, skew) for skew in _skews(ctx)]
+    # A hung rank's gauges freeze at whatever it last reported, which can look like room: the queue
+    # on its peer is then the hang's (hung_rank names it), not the routing's.
+    silent = silent_ranks(ctx.ok, t.hung_rank_min_seconds, t.hung_rank_peer_batch)
+    findings = [_skew_finding(ctx, skew) for skew in _skews(ctx)
+                if not any(r.engine == skew.peer and r.since < skew.until and skew.since < r.until
+                           and (r.last_running or r.last_waiting) for r in silent)]
     for rank in slow_ranks(ctx.ok, t.slow_rank_window_seconds, t.slow_rank_max_ratio):
         name = engine_name(rank.engine)
         steps = (f"; {rank.steps_per_second:,.0f} engine steps a second against {rank.peer_steps_per_second:,.0f}"
@@ -494,8 +502,9 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
     if cap <= 0:
         return []
     points = []
-    # Any scrape where another engine had room (however briefly): routing, judged by engine_imbalance.
-    skews = [(skew.since, skew.until) for skew in load_skews(ctx.ok, 0.0, t.kv_full_perc, t.skew_kv_gap)
+    # Scrapes where another engine had room for as long as a queue takes to count here: routing,
+    # which engine_imbalance judges (room that flickers is no way around the cap).
+    skews = [(skew.since, skew.until) for skew in load_skews(ctx.ok, t.queue_min_seconds, t.kv_full_perc, t.skew_kv_gap)
              if skew.kind == "waiting"]
     for scrape, snap in ok:
         if any(a <= scrape.ts <= b for a, b in skews):
