@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from diagnostics.collector import Collector
+from diagnostics.core import whatif
 from diagnostics.core.derive import DerivedState, Scrape, derive_state
 from diagnostics.core.diagnosis import (
     Budgets,
@@ -386,10 +387,98 @@ def _render_findings(findings: list[Finding], flags: KnownFlags) -> str:
                 diff = command_diff(flags, [s])
                 out.append(f"           - {diff.before}")
                 out.append(f"           + {diff.after}")
+            if s.prediction_note:
+                out.append(f"           predicted: {s.prediction_note}")
         out.append("         evidence: " + "; ".join(f"{label} {value}" for label, value in evidence_rows(f.evidence)))
         for c in f.checks:
             out.append(f"         check: {c}")
     return "\n".join(out)
+
+
+def _window(args: argparse.Namespace) -> tuple[list[Scrape], ServerInfo | None]:
+    """The scrapes a diagnosis or a what-if reads: a recording, N seconds of a server, or a range
+    from Prometheus (none given: no scrapes)."""
+    if args.replay:
+        recording = _read_recording(args.replay)
+        return recording.scrapes(), recording.info()
+    if args.url:
+        client = _client(args)
+        _check_first(client)
+        collector = _collect(client, args.seconds, args.interval, None)
+        return collector.history(), collector.status().info
+    if args.prometheus:
+        history, info, _, _ = _prometheus_window(args, args.since or 900.0)
+        return history, info
+    return [], None
+
+
+def _known(flags: KnownFlags) -> dict[str, Any]:
+    return {"max_num_seqs": flags.max_num_seqs, "max_num_batched_tokens": flags.max_num_batched_tokens,
+            "max_model_len": flags.max_model_len}
+
+
+def _changes(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        flag, sep, value = pair.partition("=")
+        if not sep or not flag.strip("-") or not value:
+            raise CliError(f"--set {pair!r}: write it as FLAG=VALUE, e.g. --set max-num-seqs=16", 2)
+        out["--" + flag.strip("-").replace("_", "-")] = value
+    return out
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    changes = _changes(args.set)
+    if not (args.replay or args.url or args.prometheus):
+        raise CliError("whatif needs a window: --replay FILE, --url URL --seconds N, or --prometheus URL", 2)
+    history, info = _window(args)
+    ctx = prepare(history, info=info, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    try:
+        base = whatif.baseline(history, _known(ctx.flags))
+        prediction = base.predict(changes)
+    except whatif.NotModelled as exc:
+        raise CliError(f"not modelled: {exc}", 2) from None
+    except ValueError as exc:
+        raise CliError(f"cannot replay this window: {exc}", EXIT_UNKNOWN) from None
+    if args.json:
+        print(json.dumps(prediction.full_json(), indent=1))
+        return 0
+    print(_render_whatif(prediction))
+    return 0
+
+
+def _render_whatif(p: whatif.Prediction) -> str:
+    w, c = p.workload, p.calibration
+    change = " ".join(f"{k} {v}" for k, v in p.changes.items())
+    lines = [f"what if: {change}",
+             f"workload  {len(w.arrivals)} requests in {w.seconds:.0f} s "
+             + (f"(a closed loop of {w.closed_loop_clients} clients)" if w.closed_loop_clients else
+                f"({w.rate_per_s:.2f}/s, open arrivals)")
+             + f"; prompt {w.prompt.mean:.0f} tokens, output {w.output.mean:.0f} tokens (means), n {w.n:.1f}, "
+               f"prefix hits {w.prefix_hit_fraction * 100:.0f} %",
+             f"engine    step = {c.cost.base * 1000:.2f} ms + {c.cost.per_seq * 1000:.2f} ms/sequence + "
+             f"{c.cost.per_prefill_token * 1e6:.1f} µs/prefill token (fit error {_pct(c.fit_error)} over "
+             f"{c.points} intervals{'' if c.batch_identified else '; the batch never varied, so its cost is assumed flat'}); "
+             f"{c.num_gpu_blocks:,} KV blocks of {c.block_size}",
+             f"{'metric':18} {'recorded':>10} {'replayed':>10} {'predicted':>10}  replay error"]
+    for name in whatif.METRICS:
+        m = p.metric(name)
+        lines.append(f"{whatif.LABELS[name]:18} {_metric(name, m['recorded']):>10} {_metric(name, m['before']):>10} "
+                     f"{_metric(name, m['after']):>10}  {_pct(p.baseline_error.get(name))}")
+    lines.append("predicted: " + whatif.summary(p))
+    if p.after.requests_rejected:
+        lines.append(f"{p.after.requests_rejected} requests would be rejected (longer than --max-model-len)")
+    return "\n".join(lines)
+
+
+def _metric(name: str, value: float | None) -> str:
+    if value is None:
+        return "—"
+    return whatif._fmt(name, value)
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.0f} %"
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -400,21 +489,13 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"cannot read {args.log}: {exc.strerror}", EXIT_FILE) from None
     budgets = Budgets(ttft_ms=args.ttft_budget_ms, itl_ms=args.itl_budget_ms)
-    history: list[Scrape] = []
-    info: ServerInfo | None = None
-    if args.replay:
-        recording = _read_recording(args.replay)
-        history, info = recording.scrapes(), recording.info()
-    elif args.url:
-        client = _client(args)
-        _check_first(client)
-        collector = _collect(client, args.seconds, args.interval, None)
-        history, info = collector.history(), collector.status().info
-    elif args.prometheus:
-        history, info, _, _ = _prometheus_window(args, args.since or 900.0)
+    history, info = _window(args)
     ctx = prepare(history, info=info, budgets=budgets, log_text=log_text, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens)
     findings = diagnose(ctx)
+    if args.predict and history:
+        predicted, _, _ = whatif.with_predictions(findings, history, _known(ctx.flags))
+        findings = list(predicted)
     if args.json:
         print(json.dumps({"findings": [f.to_json() for f in findings]}, indent=1, default=str))
     else:
@@ -655,7 +736,22 @@ def build_parser() -> _Parser:
     diag.add_argument("--max-num-seqs", type=int, help="the server's --max-num-seqs, when known")
     diag.add_argument("--max-num-batched-tokens", type=int, help="the server's --max-num-batched-tokens, when known")
     diag.add_argument("--json", action="store_true", help='{"findings": [...]}')
+    diag.add_argument("--no-predict", dest="predict", action="store_false",
+                      help="skip the predicted effect of each suggested change (the simulated engine's replay)")
     diag.set_defaults(func=cmd_diagnose)
+
+    what = sub.add_parser("whatif", help="the predicted effect of a flag change: the window replayed on the simulated "
+                          "engine under the current flags and under the change")
+    target_args(what, required=False)
+    what.add_argument("--replay", help="a recording: the whole recording is the window")
+    what.add_argument("--seconds", type=_positive, default=30.0, help="with --url: seconds to collect (the window)")
+    what.add_argument("--set", action="append", default=[], metavar="FLAG=VALUE", required=True,
+                      help=f"a change to predict, e.g. --set max-num-seqs=16 (repeatable); modelled: "
+                      f"{', '.join(sorted(whatif.MODELLED))}")
+    what.add_argument("--max-num-seqs", type=int, help="the server's --max-num-seqs, when known")
+    what.add_argument("--max-num-batched-tokens", type=int, help="the server's --max-num-batched-tokens, when known")
+    what.add_argument("--json", action="store_true", help="the prediction, the inferred workload and the calibration")
+    what.set_defaults(func=cmd_whatif)
 
     simulate = sub.add_parser("simulate", help="run the simulated vLLM engine's HTTP surface on loopback")
     simulate.add_argument("--scenario", default="healthy", help=", ".join(SCENARIOS))

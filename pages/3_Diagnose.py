@@ -46,9 +46,15 @@ elif not log_text:
 ctx = prepare(history, info=info, budgets=Budgets(ttft_ms=ttft or None, itl_ms=itl or None), log_text=log_text,
               max_num_seqs=state.max_num_seqs())
 found = diagnose(ctx)
+replay_error = None
+if history and st.toggle("Predict the effect of each change (the simulated engine replays this window)", value=True,
+                         key="diag_predict"):
+    found_predicted, replay_error, why = cards.with_predictions(found, history, ctx.flags,
+                                                                live=source == "the live target")
+    found = list(found_predicted)
 verdict = {0: ("success", "No warning"), 1: ("warning", "Warnings"), 2: ("error", "Critical")}[exit_code(found)]
 getattr(st, verdict[0])(f"**{verdict[1]}** · {len(found)} findings over {len(history)} scrapes")
 for i, finding in enumerate(found):
-    cards.finding_card(finding, history, ctx.flags, key=f"finding-{i}")
+    cards.finding_card(finding, history, ctx.flags, key=f"finding-{i}", replay_error=replay_error)
 st.subheader("Knob table")
 cards.knob_table(found, key="knobs")

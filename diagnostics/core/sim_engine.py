@@ -19,6 +19,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from diagnostics.core.capacity import MODEL_PRESETS, ModelShape, capacity, kv_bytes_per_token, weight_bytes
 from diagnostics.core.paged import KVCacheManager, Request
@@ -64,6 +65,9 @@ class EngineConfig:
     max_num_queued_reqs: int | None = None  # --max-num-queued-reqs: more waiting than this is rejected
     num_speculative_tokens: int = 0  # --speculative-config num_speculative_tokens (0: no speculation)
     spec_acceptance: float = 0.7  # chance each draft token is accepted, given the ones before it were
+    # A step-time model fitted to a recording (``whatif.StepCost``: ``seconds(prefill, seqs, context)``)
+    # instead of the roofline above; None: the roofline.
+    step_cost: Any = None
 
     def resolved_num_gpu_blocks(self) -> int:
         if self.num_gpu_blocks:
@@ -195,6 +199,8 @@ class SimEngine:
         """One step: ``num_seqs`` scheduled sequences holding ``context_tokens`` of KV between them,
         ``prefill_tokens`` of which are new prompt tokens."""
         cfg = self.config
+        if cfg.step_cost is not None:
+            return cfg.step_cost.seconds(prefill_tokens, num_seqs, context_tokens) * self.slowdown
         tokens = prefill_tokens + num_seqs
         kv_read = context_tokens * self._kv_bytes_per_token
         memory_time = (self._weight_bytes + kv_read) / cfg.gpu.bandwidth_bytes_per_s

@@ -9,7 +9,7 @@ from functools import partial
 import pandas as pd
 import streamlit as st
 
-from diagnostics.core import figures
+from diagnostics.core import figures, whatif
 from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import Finding, KnownFlags, Suggestion, command_diff
 from diagnostics.core.diagnosis.knobs import KNOB_TABLE, KNOBS_BY_ID
@@ -32,8 +32,54 @@ def diff_text(flags: KnownFlags, suggestion: Suggestion) -> str:
     return f"- {diff.before}\n+ {diff.after}"
 
 
-def finding_card(finding: Finding, history: Sequence[Scrape], flags: KnownFlags, key: str) -> None:
-    """One finding: severity, title, evidence (with a small chart), the `vllm serve` change, checks."""
+@st.cache_data(show_spinner="Replaying this window on the simulated engine…", max_entries=16, ttl=900)
+def _predicted(key: tuple[object, ...], _findings: Sequence[Finding], _history: Sequence[Scrape],
+               known: dict[str, int | None]) -> tuple[tuple[Finding, ...], dict[str, float | None] | None, str | None]:
+    found, base, why = whatif.with_predictions(_findings, _history, known)
+    return found, (base.baseline_error if base is not None else None), why
+
+
+def with_predictions(findings: Sequence[Finding], history: Sequence[Scrape], flags: KnownFlags,
+                     live: bool) -> tuple[tuple[Finding, ...], dict[str, float | None] | None, str | None]:
+    """The findings with the predicted effect of each suggestion (cached: a live window is replayed
+    again at most every 30 s)."""
+    ok = [s for s in history if s.snapshot is not None]
+    if not ok:
+        return tuple(findings), None, None
+    last = ok[-1].ts // 30 if live else ok[-1].ts
+    known = {"max_num_seqs": flags.max_num_seqs, "max_num_batched_tokens": flags.max_num_batched_tokens,
+             "max_model_len": flags.max_model_len}
+    key = (len(ok) if not live else 0, ok[0].ts if not live else 0, last,
+           tuple((f.id, tuple((s.flag, str(s.value)) for s in f.suggestions)) for f in findings),
+           tuple(sorted(known.items())))
+    cached, error, why = _predicted(key, tuple(findings), ok, known)
+    # The cache keys on the findings' suggestions: apply what it holds to the findings of this run.
+    by_id = {(f.id, tuple((s.flag, str(s.value)) for s in f.suggestions)): f for f in cached}
+    out = tuple(by_id.get((f.id, tuple((s.flag, str(s.value)) for s in f.suggestions)), f) for f in findings)
+    return out, error, why
+
+
+def prediction(suggestion: Suggestion, replay_error: dict[str, float | None] | None, key: str) -> None:
+    """The predicted effect of one suggestion, or why there is none."""
+    if suggestion.prediction is not None:
+        chart(partial(figures.prediction_figure, suggestion.prediction), key, "No metric to compare.")
+        note = f"**Predicted:** {md_escape(suggestion.prediction_note or '')}"
+        if replay_error:
+            parts = [f"{whatif.LABELS[m]} {e * 100:.0f} %" for m in ("itl_p95_seconds", "ttft_p95_seconds",
+                                                                   "output_tokens_per_second")
+                     if (e := replay_error.get(m)) is not None]
+            note += ("  \nHow far the replay under the current flags is from what this window recorded: "
+                     + ", ".join(parts) + ". Treat the prediction as a direction and a rough size; confirm under "
+                     "load (Probe page) after the change.")
+        st.caption(note)
+    elif suggestion.prediction_note:
+        st.caption(md_escape(suggestion.prediction_note))
+
+
+def finding_card(finding: Finding, history: Sequence[Scrape], flags: KnownFlags, key: str,
+                 replay_error: dict[str, float | None] | None = None) -> None:
+    """One finding: severity, title, evidence (with a small chart), the `vllm serve` change with its
+    predicted effect, checks."""
     with st.container(border=True):
         st.markdown(
             f"{BADGES[finding.severity]} **{md_escape(finding.title)}**  \n`{finding.id}`{_when(finding.time_range)}"
@@ -50,6 +96,7 @@ def finding_card(finding: Finding, history: Sequence[Scrape], flags: KnownFlags,
                 first, *others = finding.suggestions
                 st.markdown(f"**Suggested change** — {md_escape(first.why)}")
                 st.code(diff_text(flags, first), language="diff", wrap_lines=True)
+                prediction(first, replay_error, f"{key}-prediction")
                 if others:
                     st.markdown(
                         "**Or, instead**\n"

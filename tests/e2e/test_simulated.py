@@ -1,5 +1,6 @@
 """A new user with no GPU and no server: `streamlit run app.py` attaches to the built-in simulated
-engine; picking a scenario shows its symptom within a minute and the Diagnose page names its knob."""
+engine; picking a scenario shows its symptom within a minute and the Diagnose page names its knob,
+with the predicted effect of the suggested change."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def test_no_url_shows_the_simulation_and_a_scenario_symptom_then_its_knob(browse
         page.goto(bare_app + "/Diagnose")
         expect(page.get_by_text("KV-cache pressure").first).to_be_visible(timeout=40_000)
         expect(page.get_by_text("kv_pressure", exact=True).first).to_be_visible()
+        # The suggested change carries its predicted effect (the simulated engine replaying the window).
+        expect(page.get_by_text("Predicted:").first).to_be_visible(timeout=40_000)
         page.wait_for_timeout(3000)  # let the charts and tables finish drawing before the screenshot
         shoot(page, "simulated-kv-pressure-diagnose.png")
     finally:

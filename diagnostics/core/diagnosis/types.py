@@ -24,9 +24,18 @@ class Suggestion:
     direction: Direction
     value: float | int | str | None
     why: str
+    # What the simulated engine replaying the window predicts the change does ({metric: {before,
+    # after, recorded}}), attached by diagnostics.core.whatif.with_predictions; the note says it in
+    # words, or why there is no prediction.
+    prediction: dict[str, Any] | None = None
+    prediction_note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"flag": self.flag, "direction": self.direction, "value": self.value, "why": self.why}
+        out: dict[str, Any] = {"flag": self.flag, "direction": self.direction, "value": self.value, "why": self.why}
+        if self.prediction is not None or self.prediction_note is not None:
+            out["prediction"] = self.prediction
+            out["prediction_note"] = self.prediction_note
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,294 @@
+"""What-if (issue 14): the workload inferred from a window, the engine calibrated on it, the replay
+and the prediction.
+
+Expected values come from how each recording was made (the load generator's settings in
+``tests/fixtures/incidents/record.py``), from hand-built histograms, or from a simulated engine
+run with a step-time model the test chose; never from this code's own output."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diagnostics.core import whatif
+from diagnostics.core.catalog import Histogram, parse_snapshot
+from diagnostics.core.derive import Scrape
+from diagnostics.core.diagnosis import Budgets, diagnose, prepare
+from diagnostics.core.sim_engine import EngineConfig, SimEngine
+from diagnostics.recording import read_recording
+from diagnostics.sim.metrics import SimMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+INCIDENTS = ROOT / "tests" / "fixtures" / "incidents"
+
+
+def recording(name: str) -> list[Scrape]:
+    return read_recording(INCIDENTS / f"{name}.jsonl.gz").scrapes()
+
+
+# -- the workload ---------------------------------------------------------------------------------
+
+
+def test_a_closed_loop_of_20_clients_is_recognised_with_its_exact_output_length() -> None:
+    """queue_cap_closed_loop: 20 closed-loop clients, 128 tokens each (ignore_eos), --max-num-seqs 6."""
+    w = whatif.infer_workload(recording("queue_cap_closed_loop"))
+    assert w is not None
+    assert w.closed_loop_clients == 20
+    assert w.output.mean == 128
+    assert {r.output for r in w.requests if r.finished} == {128}
+
+
+def test_a_burst_is_open_arrivals_close_together() -> None:
+    """kv_pressure_blocks_override: 30 requests of 200 tokens sent at once (the server's own arrival
+    clock sees the frontend take them in over a second or two on two cores)."""
+    w = whatif.infer_workload(recording("kv_pressure_blocks_override"))
+    assert w is not None and w.closed_loop_clients is None
+    assert len(w.requests) == 30
+    assert w.output.mean == 200 and {r.output for r in w.requests if r.finished} <= {200}
+    arrivals = sorted(r.arrival for r in w.requests)
+    assert arrivals[-1] - arrivals[0] <= 2.5
+
+
+def test_two_bursts_stay_two_bursts() -> None:
+    """admission_queued_reqs: two bursts of 40 requests, 3 s apart after the first finished; about
+    half of each turned away with 503 (never arriving in the engine's counts)."""
+    w = whatif.infer_workload(recording("admission_queued_reqs"))
+    assert w is not None
+    arrivals = sorted(r.arrival for r in w.requests)
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert max(gaps) >= 4.0  # the pause between the bursts
+    split = gaps.index(max(gaps)) + 1
+    assert 10 <= split <= 30 and 10 <= len(arrivals) - split <= 30
+
+
+def test_a_mixed_workload_keeps_both_modes_of_its_prompt_lengths() -> None:
+    """hol_long_prefills: 16 decoders with 10-word prompts and 900 tokens, and 1,900-word prompts
+    with 4 tokens. The histograms count them in buckets (≤ 10 and ≤ 2,000 tokens); the rebuilt
+    requests stay in those buckets and pair the long prompts with the short answers."""
+    w = whatif.infer_workload(recording("hol_long_prefills"))
+    assert w is not None
+    done = [r for r in w.requests if r.finished]
+    decoders = [r for r in done if r.prompt <= 10]
+    documents = [r for r in done if r.prompt > 1000]
+    assert len(decoders) + len(documents) == len(done)
+    assert len(decoders) == 16 and all(r.output > 500 for r in decoders)
+    assert documents and all(r.output <= 5 for r in documents)
+
+
+def test_length_positions_put_each_value_in_its_bucket_at_the_exact_mean() -> None:
+    # 16 requests of 9 tokens and 10 of 1,800: buckets (5, 10] and (1000, 2000], both at 80 % of
+    # their width; the histogram keeps only the counts and the sum.
+    bounds = (5.0, 10.0, 1000.0, 2000.0, float("inf"))
+    hist = Histogram(bounds, (0.0, 16.0, 16.0, 26.0, 26.0), 16 * 9 + 10 * 1800, 26.0)
+    dist = whatif.LengthDist.from_histogram(hist)
+    assert dist is not None
+    values = dist.values()
+    assert [v for v, _ in values] == pytest.approx([9.0, 1800.0])
+    assert [share for _, share in values] == pytest.approx([16 / 26, 10 / 26])
+
+
+# -- calibration ----------------------------------------------------------------------------------
+
+
+def simulated_window(cost: whatif.StepCost, seconds: int = 60, seed: int = 3) -> list[Scrape]:
+    """A window of /metrics from the simulated engine with a step time the test chose: clients ramp
+    4 → 16 → 32 closed-loop, short prompts plus a 1,500-token prompt every 7 s."""
+    config = EngineConfig(block_size=16, num_gpu_blocks=4000, max_num_seqs=64, max_num_batched_tokens=2048,
+                          served_model_name="m", step_cost=cost)
+    engine = SimEngine(config)
+    metrics = SimMetrics(config, engine.num_gpu_blocks)
+    rng = random.Random(seed)
+
+    def submit(prompt: int, output: int) -> None:
+        base = rng.randrange(1 << 40)
+        engine.add_request(list(range(base, base + prompt)), output)
+
+    out: list[Scrape] = []
+    clients = 0
+    next_long = 7.0
+    for second in range(1, seconds + 1):
+        want = 4 if second < 20 else 16 if second < 40 else 32
+        while clients < want:
+            submit(rng.randint(20, 60), rng.randint(40, 120))
+            clients += 1
+        while engine.now < second:
+            if engine.now >= next_long:
+                submit(1500, 4)
+                next_long += 7.0
+            if engine.idle():
+                engine.advance_idle(second)
+                break
+            stats = engine.step()
+            metrics.update(stats)
+            for sim in stats.finished:
+                if sim.max_tokens > 4:
+                    submit(rng.randint(20, 60), rng.randint(40, 120))
+        out.append(Scrape(float(second), parse_snapshot(metrics.text())))
+    return out
+
+
+def test_calibration_recovers_a_known_step_time_model() -> None:
+    truth = whatif.StepCost(0.004, 0.0005, 0.00002)
+    scrapes = simulated_window(truth)
+    cal = whatif.calibrate(scrapes, scrapes[-1].snapshot.cache_config if scrapes[-1].snapshot else None)
+    assert cal is not None and cal.batch_identified
+    assert cal.cost.base == pytest.approx(truth.base, rel=0.25)
+    assert cal.cost.per_seq == pytest.approx(truth.per_seq, rel=0.25)
+    assert cal.cost.per_prefill_token == pytest.approx(truth.per_prefill_token, rel=0.25)
+    assert cal.fit_error is not None and cal.fit_error < 0.1
+    assert (cal.num_gpu_blocks, cal.block_size) == (4000, 16)
+
+
+# -- flags ----------------------------------------------------------------------------------------
+
+
+def calibration(**kw: object) -> whatif.Calibration:
+    base = dict(cost=whatif.StepCost(0.01, 0.001, 0.0), num_gpu_blocks=100, block_size=16, enable_prefix_caching=True,
+                kv_cache_memory_bytes=None, gpu_memory_utilization=0.9, cache_dtype="auto", fit_error=0.0, points=10,
+                batch_identified=True, max_running=8.0)
+    base.update(kw)
+    return whatif.Calibration(**base)  # type: ignore[arg-type]
+
+
+FLAGS = whatif.Flags(max_num_seqs=8, max_num_batched_tokens=2048, num_gpu_blocks=100, block_size=16,
+                     enable_prefix_caching=True, max_model_len=4096)
+
+
+def test_flag_changes_turn_into_the_engine_they_describe() -> None:
+    cal = calibration(kv_cache_memory_bytes=100 * 2**20)  # 1 MiB a block
+    assert whatif.apply(FLAGS, cal, {"--max-num-seqs": "32"}).max_num_seqs == 32
+    assert whatif.apply(FLAGS, cal, {"--block-size": "32"}).num_gpu_blocks == 50  # same tokens, half the blocks
+    assert whatif.apply(FLAGS, cal, {"--kv-cache-memory-bytes": str(150 * 2**20)}).num_gpu_blocks == 150
+    assert whatif.apply(FLAGS, cal, {"--num-gpu-blocks-override": "180"}).num_gpu_blocks == 180
+    assert whatif.apply(FLAGS, calibration(), {"--kv-cache-dtype": "fp8"}).num_gpu_blocks == 200
+    assert whatif.apply(FLAGS, cal, {"--no-enable-prefix-caching": "true"}).enable_prefix_caching is False
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"--tensor-parallel-size": "2"}, "not modelled"),
+    ({"--quantization": "fp8"}, "not modelled"),
+    ({"--kv-cache-memory-bytes": "1000000"}, "current KV size in bytes is unknown"),
+    ({"--max-num-seqs": "many"}, "not a number"),
+])
+def test_a_change_the_simulator_cannot_apply_says_why(changes: dict[str, str], says: str) -> None:
+    with pytest.raises(whatif.NotModelled, match=says):
+        whatif.apply(FLAGS, calibration(), changes)
+
+
+def test_the_utilization_of_a_pinned_kv_cache_is_not_modelled() -> None:
+    with pytest.raises(whatif.NotModelled, match="pinned by --kv-cache-memory-bytes"):
+        whatif.apply(FLAGS, calibration(kv_cache_memory_bytes=2**30), {"--gpu-memory-utilization": "0.95"})
+
+
+# -- the replay and the prediction on real recordings ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["queue_cap_closed_loop", "hol_long_prefills", "kv_pressure_blocks_override",
+                                  "slow_decode_small"])
+def test_the_baseline_replay_reproduces_the_recording(name: str) -> None:
+    """Measured bands on four real recordings (three model shapes, a 2-core host whose step times
+    swing 10× under contention): the replay under the current flags gives the recording's ITL p95
+    within 50 % and its output tokens/s within 25 %."""
+    base = whatif.baseline(recording(name), {})
+    assert base.baseline_error["itl_p95_seconds"] is not None and base.baseline_error["itl_p95_seconds"] <= 0.5
+    assert base.baseline_error["output_tokens_per_second"] is not None
+    assert base.baseline_error["output_tokens_per_second"] <= 0.25
+
+
+def test_raising_the_cap_of_a_queue_at_the_cap_drains_it() -> None:
+    p = whatif.baseline(recording("queue_cap_closed_loop"), {}).predict({"--max-num-seqs": "20"})
+    waiting, ttft = p.metric("max_num_requests_waiting"), p.metric("ttft_p50_seconds")
+    assert waiting["after"] is not None and waiting["before"] is not None and waiting["after"] < waiting["before"]
+    assert ttft["after"] is not None and ttft["before"] is not None and ttft["after"] < ttft["before"] / 2
+
+
+def test_more_kv_blocks_for_a_preempting_server_means_fewer_preemptions() -> None:
+    p = whatif.baseline(recording("kv_pressure_blocks_override"), {}).predict({"--num-gpu-blocks-override": "36"})
+    pre = p.metric("preemptions_per_minute")
+    assert pre["before"] and pre["after"] is not None and pre["after"] < pre["before"]
+
+
+def test_smaller_prefill_chunks_cut_the_longest_head_of_line_stalls() -> None:
+    """hol_long_prefills: 1,900-token prompts in one step stall 16 decoders for seconds. Chunks of
+    512 split each stall into four shorter ones: the longest gaps (p99.9) shrink. (p99 may rise:
+    four steps now carry a piece of each prompt; the real server did that too, see the README's
+    what-if table.)"""
+    p = whatif.baseline(recording("hol_long_prefills"), {}).predict({"--max-num-batched-tokens": "512"})
+    p999 = p.metric("itl_p999_seconds")
+    assert p999["before"] and p999["after"] is not None and p999["after"] < 0.7 * p999["before"]
+
+
+def test_every_warning_suggestion_gets_a_prediction_or_says_why_not() -> None:
+    scrapes = recording("slow_decode_small")
+    ctx = prepare(scrapes, budgets=Budgets(itl_ms=60))
+    findings, base, why = whatif.with_predictions(diagnose(ctx), scrapes, {})
+    assert base is not None and why is None
+    slow = next(f for f in findings if f.id == "slow_decode")
+    first = slow.suggestions[0]
+    assert first.flag == "--max-num-seqs" and first.prediction is not None
+    assert set(first.prediction) == set(whatif.METRICS)
+    assert first.prediction["itl_p95_seconds"]["after"] < first.prediction["itl_p95_seconds"]["before"]
+    assert first.to_json()["prediction_note"].startswith("ITL")
+    unmodelled = [s for s in slow.suggestions if s.flag == "--quantization"]
+    assert unmodelled and unmodelled[0].prediction is None and "not modelled" in (unmodelled[0].prediction_note or "")
+    assert all(s.prediction is None and s.prediction_note is None
+               for f in findings if f.severity == "info" for s in f.suggestions)
+
+
+def test_a_window_without_traffic_gives_a_reason_not_a_prediction() -> None:
+    quiet = recording("healthy_closed_loop")[:3]
+    with pytest.raises(ValueError):
+        whatif.baseline(quiet, {})
+
+
+# -- the CLI --------------------------------------------------------------------------------------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "diagnostics", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_whatif_cli_json_holds_the_prediction_the_workload_and_the_calibration() -> None:
+    out = cli("whatif", "--replay", str(INCIDENTS / "queue_cap_closed_loop.jsonl.gz"), "--set", "max-num-seqs=20",
+              "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["changes"] == {"--max-num-seqs": "20"}
+    assert set(doc["prediction"]) == set(whatif.METRICS)
+    assert doc["workload"]["closed_loop_clients"] == 20
+    assert doc["calibration"]["step_time_fit_error"] is not None
+    assert set(doc["baseline_error"]) == set(whatif.METRICS)
+
+
+def test_whatif_cli_says_not_modelled_and_rejects_a_malformed_change() -> None:
+    path = str(INCIDENTS / "queue_cap_closed_loop.jsonl.gz")
+    out = cli("whatif", "--replay", path, "--set", "tensor-parallel-size=2")
+    assert out.returncode == 2 and "not modelled" in out.stderr
+    out = cli("whatif", "--replay", path, "--set", "max-num-seqs")
+    assert out.returncode == 2 and "FLAG=VALUE" in out.stderr
+    human = cli("whatif", "--replay", path, "--set", "max-num-seqs=20")
+    assert human.returncode == 0 and "predicted:" in human.stdout and "closed loop of 20 clients" in human.stdout
+
+
+def test_a_suggestion_without_a_value_is_not_replayed_as_a_guess() -> None:
+    with pytest.raises(whatif.NotModelled, match="names no value"):
+        whatif.suggestion_changes("--max-num-seqs", None)
+    assert whatif.suggestion_changes("--enable-prefix-caching", None) == {"--enable-prefix-caching": "true"}
+
+
+def test_diagnose_cli_prints_each_prediction_and_can_skip_them() -> None:
+    path = str(INCIDENTS / "queue_cap_closed_loop.jsonl.gz")
+    out = cli("diagnose", "--replay", path)
+    assert out.returncode == 1 and "predicted: TTFT" in out.stdout
+    doc = json.loads(cli("diagnose", "--replay", path, "--json").stdout)
+    first = next(f for f in doc["findings"] if f["id"] == "queue_at_cap")["suggestions"][0]
+    assert first["prediction"]["max_num_requests_waiting"]["after"] < first["prediction"]["max_num_requests_waiting"][
+        "before"]
+    skipped = cli("diagnose", "--replay", path, "--no-predict")
+    assert skipped.returncode == 1 and "predicted:" not in skipped.stdout
