@@ -451,9 +451,9 @@ def _render_whatif(p: whatif.Prediction) -> str:
     w, c = p.workload, p.calibration
     change = " ".join(f"{k} {v}" for k, v in p.changes.items())
     lines = [f"what if: {change}",
-             f"workload  {len(w.arrivals)} requests in {w.seconds:.0f} s "
+             f"workload  {len(w.requests) or len(w.arrivals)} requests in {w.seconds:.0f} s "
              + (f"(a closed loop of {w.closed_loop_clients} clients)" if w.closed_loop_clients else
-                f"({w.rate_per_s:.2f}/s, open arrivals)")
+                f"({(len(w.requests) or len(w.arrivals)) / max(w.seconds, 1e-9):.2f}/s, open arrivals)")
              + f"; prompt {w.prompt.mean:.0f} tokens, output {w.output.mean:.0f} tokens (means), n {w.n:.1f}, "
                f"prefix hits {w.prefix_hit_fraction * 100:.0f} %",
              f"engine    step = {c.cost.base * 1000:.2f} ms + {c.cost.per_seq * 1000:.2f} ms/sequence + "

@@ -151,10 +151,11 @@ class InferredWorkload:
 
     @property
     def rate_per_s(self) -> float:
-        return len(self.arrivals) / self.seconds if self.seconds > 0 else 0.0
+        count = len(self.requests) or len(self.arrivals)
+        return count / self.seconds if self.seconds > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"seconds": round(self.seconds, 3), "requests_arrived": len(self.arrivals),
+        return {"seconds": round(self.seconds, 3), "requests_arrived": len(self.requests) or len(self.arrivals),
                 "arrival_rate_per_s": round(self.rate_per_s, 3), "requests_finished": self.requests_finished,
                 "shape": "closed loop" if self.closed_loop_clients else "open",
                 "closed_loop_clients": self.closed_loop_clients,
@@ -301,7 +302,8 @@ def _trace(ok: Sequence[Scrape], arrivals: Sequence[float], held_end: int, promp
     kept = [r for r in out if any(lo <= r.arrival <= hi for lo, hi in blind)]
     out = [r for r in out if r not in kept]
     slots = sorted(arrivals)
-    late_count = max(held_end, len(slots) - len(out))
+    # Every request of the window either finished in it (rebuilt above) or is still held at its end.
+    late_count = held_end
     drawn = list(zip(prompt.sample(rng, late_count), output.sample(rng, late_count)))
     last = slots[-1] if slots else (out[-1].arrival if out else 0.0)
     everyone = sorted(out, key=lambda r: r.arrival) + [TraceRequest(last, p, o, False) for p, o in drawn]
