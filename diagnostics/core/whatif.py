@@ -268,11 +268,12 @@ def _trace(ok: Sequence[Scrape], arrivals: Sequence[float], held_end: int, promp
     carry the prompt, output and end-to-end buckets counted in it (one request per interval is exact;
     several are paired longest output with longest latency). Arrival = finish − end-to-end latency;
     one that began before the window replays only its share of output inside it. Requests still
-    held at the end get lengths drawn from the finished ones and the arrival slots the
-    finished-requests count leaves over (``arrivals``, from finished + held changes)."""
+    held at the end get lengths drawn from the finished ones, in proportion to how long each stayed;
+    arrival times then come from the per-interval counts (``arrivals``: finished + held changes)."""
     rng = random.Random(seed)
     t0 = ok[0].ts
     out: list[TraceRequest] = []
+    shapes: list[tuple[int, int, float]] = []  # (prompt, output, end-to-end) of each finished request
     for a, b in zip(ok, ok[1:]):
         pair = [a, b]
         outputs = histogram_delta(pair, "request_generation_tokens")
@@ -287,6 +288,7 @@ def _trace(ok: Sequence[Scrape], arrivals: Sequence[float], held_end: int, promp
         for i in range(k):
             out_len = max(1, round(o_vals[i]))
             e2e = e_vals[i] if i < len(e_vals) else 0.0
+            shapes.append((max(1, round(p_vals[i])) if i < len(p_vals) else 1, out_len, max(e2e, 1e-3)))
             arrival = finish - e2e
             if arrival < 0 and e2e > 0:  # in flight when the window began: only its rest is replayed
                 out_len = max(1, round(out_len * finish / e2e))
@@ -304,7 +306,12 @@ def _trace(ok: Sequence[Scrape], arrivals: Sequence[float], held_end: int, promp
     slots = sorted(arrivals)
     # Every request of the window either finished in it (rebuilt above) or is still held at its end.
     late_count = held_end
-    drawn = list(zip(prompt.sample(rng, late_count), output.sample(rng, late_count)))
+    if shapes:
+        # A request still held at the end is more likely a long-lived kind (Little's law): drawn from
+        # the finished ones in proportion to how long each stayed.
+        drawn = [(p, o) for p, o, _ in rng.choices(shapes, weights=[e for *_, e in shapes], k=late_count)]
+    else:
+        drawn = list(zip(prompt.sample(rng, late_count), output.sample(rng, late_count)))
     last = slots[-1] if slots else (out[-1].arrival if out else 0.0)
     everyone = sorted(out, key=lambda r: r.arrival) + [TraceRequest(last, p, o, False) for p, o in drawn]
     placed = [replace(r, arrival=slots[i]) if i < len(slots) else r for i, r in enumerate(everyone)]
@@ -364,8 +371,8 @@ class Calibration:
     points: int
     batch_identified: bool  # the running count varied enough to tell the per-sequence cost from the base
     max_running: float  # the most requests the window saw running
-    # Seconds of a request's time to first token spent outside the engine's queue and prefill (the API
-    # server's tokenizing, routing and streaming): mean TTFT − mean queue time − mean prefill time.
+    # Seconds of a request's time spent outside the engine's queue and steps (the API server's
+    # tokenizing, routing and streaming), added to every replayed TTFT: see _ttft_offset.
     ttft_offset: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -498,9 +505,11 @@ def calibrate(scrapes: Sequence[Scrape], config: CacheConfig | None, seed: int =
 
 
 def _ttft_offset(scrapes: Sequence[Scrape]) -> float:
-    """Mean TTFT minus mean queue and prefill time over the window (0 when any is missing)."""
+    """Seconds a request spends outside the engine's queue and steps (the API server tokenizing,
+    routing, streaming): mean end-to-end latency minus mean queue time minus mean inference time,
+    all three observed when each request finishes, so over the same requests (0 when any is missing)."""
     means = []
-    for concept in ("time_to_first_token_seconds", "request_queue_time_seconds", "request_prefill_time_seconds"):
+    for concept in ("e2e_request_latency_seconds", "request_queue_time_seconds", "request_inference_time_seconds"):
         hist = histogram_delta(scrapes, concept)
         if hist is None or not hist.count:
             return 0.0

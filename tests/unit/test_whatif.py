@@ -293,3 +293,43 @@ def test_diagnose_cli_prints_each_prediction_and_can_skip_them() -> None:
         "before"]
     skipped = cli("diagnose", "--replay", path, "--no-predict")
     assert skipped.returncode == 1 and "predicted:" not in skipped.stdout
+
+
+# -- against a known truth: the simulated engine run again with the flag changed ------------------
+
+
+@pytest.mark.parametrize(("scenario", "flag", "field", "value", "checks"), [
+    # queue at the cap of 8, raised to 32: the queue drains, throughput doubles, ITL grows a little.
+    ("queue_at_cap", "--max-num-seqs", "max_num_seqs", 32,
+     {"output_tokens_per_second": 0.10, "itl_p95_seconds": 0.15}),
+    # 700 KV blocks preempting, given 1,400: more in flight, more served.
+    ("kv_pressure", "--num-gpu-blocks-override", "num_gpu_blocks", 1400,
+     {"output_tokens_per_second": 0.10, "ttft_p95_seconds": 0.10, "preemptions_per_minute": 0.20}),
+    # 512 sequences a step on an L4, cut to 64: fewer tokens a second, the decode step as before.
+    ("slow_decode", "--max-num-seqs", "max_num_seqs", 64, {"output_tokens_per_second": 0.10,
+                                                          "itl_p95_seconds": 0.10}),
+])
+def test_a_prediction_from_a_simulated_window_matches_the_simulated_engine_run_with_the_change(
+    scenario: str, flag: str, field: str, value: int, checks: dict[str, float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The what-if sees only /metrics (as of a real server) and fits its own step-time model; the
+    truth is the simulated engine (roofline step times) run again with the flag changed. Tolerances
+    are what is reached here, per metric."""
+    from dataclasses import replace
+
+    from diagnostics.core.sim_scenarios import SCENARIOS
+    from diagnostics.sim.driver import Simulation
+
+    def window(name: str) -> list[Scrape]:
+        return [Scrape(ts, parse_snapshot(text)) for ts, text in Simulation(name).run_for(120)]
+
+    base = SCENARIOS[scenario]
+    known = {"max_num_seqs": base.config.max_num_seqs, "max_num_batched_tokens": base.config.max_num_batched_tokens}
+    prediction = whatif.baseline(window(scenario), known).predict({flag: str(value)})
+    monkeypatch.setitem(SCENARIOS, "changed", replace(base, name="changed",
+                                                      config=replace(base.config, **{field: value})))
+    truth = whatif.recorded(window("changed")).metrics
+    for metric, tolerance in checks.items():
+        after, real = prediction.metric(metric)["after"], truth[metric]
+        assert after is not None and real is not None
+        assert abs(after - real) <= tolerance * real, (metric, after, real)
