@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -191,7 +190,8 @@ def infer_workload(scrapes: Sequence[Scrape], closed_loop_cv: float = 0.2) -> In
     n = n_hist.sum / n_hist.count if n_hist is not None and n_hist.count else 1.0
     arrivals: list[float] = [0.0] * round(held0 / max(1.0, n))
     finished = 0.0
-    held_series: list[float] = []
+    held_series: list[float | None] = []  # None: the gauges read 0 while tokens flowed (no reading)
+    done_series: list[float] = []  # requests finished in each interval
     ends: list[float] = []
     blind: list[tuple[float, float]] = []
     for a, b in zip(ok, ok[1:]):
@@ -210,13 +210,15 @@ def infer_workload(scrapes: Sequence[Scrape], closed_loop_cv: float = 0.2) -> In
             # seconds after start and on a frontend-bound host): the held count says nothing here, so
             # these requests keep the arrival their own latency gives (see _trace).
             blind.append((a.ts - t0, b.ts - t0))
-            held_series.append(hb)
+            held_series.append(None)
+            done_series.append(done)
             ends.append(b.ts - t0)
             continue
         came = max(0, round(done + (hb - ha) / max(1.0, n)))
         # Spread the interval's arrivals evenly inside it (the scrapes cannot say when within).
         arrivals += [a.ts - t0 + (i + 0.5) * (b.ts - a.ts) / came for i in range(came)]
         held_series.append(hb)
+        done_series.append(done)
         ends.append(b.ts - t0)
     if not arrivals and not blind:
         return None
@@ -230,7 +232,7 @@ def infer_workload(scrapes: Sequence[Scrape], closed_loop_cv: float = 0.2) -> In
                 step = counter_step(va, vb, restarted(sa, sb))
                 hits, queries = (hits + step, queries) if concept == "prefix_cache_hits" else (hits, queries + step)
     max_tokens = histogram_delta(ok, "request_params_max_tokens")
-    loop = _closed_loop(held_series, finished, closed_loop_cv)
+    loop = _closed_loop(held_series, done_series, closed_loop_cv)
     held_end = _held(ok[-1].snapshot) or 0.0
     requests = _trace(ok, arrivals, round(held_end / max(1.0, n)), prompt, output, blind)
     return InferredWorkload(
@@ -318,17 +320,20 @@ def _trace(ok: Sequence[Scrape], arrivals: Sequence[float], held_end: int, promp
     return sorted(placed + kept, key=lambda r: r.arrival)
 
 
-def _closed_loop(held: Sequence[float], finished: float, max_cv: float) -> tuple[int, int] | None:
+def _closed_loop(held: Sequence[float | None], done: Sequence[float], max_cv: float) -> tuple[int, int] | None:
     """Clients in a closed loop, and the interval after which they stopped sending: requests held
-    stay level (within ``max_cv`` of their median) over most of the loaded part of the window while
-    requests keep finishing (at least two rounds of clients); a drain at the end (the clients
-    stopped) is left out of the plateau."""
-    busy = [h for h in held if h > 0]
+    stay level (within ``max_cv`` of that level) over at least half of the loaded part of the window,
+    and while they stayed level at least a round of requests finished (each replaced by the next,
+    which a burst draining or a queue building never does); a drain at the end (the clients stopped)
+    is left out. The level is the upper quartile of the held counts: on a busy 2-core host vLLM's
+    gauges sometimes read low (never high) for a scrape or two."""
+    busy = sorted(h for h in held if h)
     if len(busy) < 5:
         return None
-    level = statistics.median(busy)
-    plateau = [i for i, h in enumerate(held) if h > 0 and abs(h - level) <= max_cv * level]
-    if level < 2 or len(plateau) < 0.6 * len(busy) or finished < 2 * level:
+    level = busy[(3 * len(busy)) // 4]
+    plateau = [i for i, h in enumerate(held) if h and abs(h - level) <= max_cv * level]
+    replaced = sum(done[i] for i in plateau)
+    if level < 2 or len(plateau) < 0.5 * len(busy) or replaced < level:
         return None
     return round(level), plateau[-1]
 

@@ -333,3 +333,14 @@ def test_a_prediction_from_a_simulated_window_matches_the_simulated_engine_run_w
         after, real = prediction.metric(metric)["after"], truth[metric]
         assert after is not None and real is not None
         assert abs(after - real) <= tolerance * real, (metric, after, real)
+
+
+@pytest.mark.parametrize(("name", "clients"), [
+    ("healthy_closed_loop", 4),   # 4 closed-loop streaming clients (record.py)
+    ("healthy_small_steady", 4),  # 4 closed-loop clients on the 6-layer model
+    ("queue_cap_burst", None),    # 40 requests at once, drained 4 at a time: a burst, not clients
+    ("healthy_bursty", None),     # 8 bursts of 12 requests, 4 s apart
+])
+def test_closed_loops_and_bursts_are_told_apart(name: str, clients: int | None) -> None:
+    w = whatif.infer_workload(recording(name))
+    assert w is not None and w.closed_loop_clients == clients
