@@ -260,6 +260,12 @@ def fired(name: str, severity: str, instance: str = "h:8000", **labels: str) -> 
     return alert
 
 
+def one_test(series: dict[str, str], checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A promtool test of ``series`` (1 s apart) and its ``alert_rule_test`` checks."""
+    return [{"interval": "1s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+             "alert_rule_test": checks}]
+
+
 def test_a_hung_rank_fires_only_where_peers_batched(promtool: str, tmp_path: Path) -> None:
     """h: engine 1 stops at 30 s holding 2 requests (its gauges freeze) while engine 0 decodes 1.08
     tokens a step. g: the same with engine 0 at 1.03 a step (under the 1.05 line). i: engine 1 never
@@ -295,13 +301,12 @@ def test_a_hung_rank_fires_only_where_peers_batched(promtool: str, tmp_path: Pat
         f"vllm:generation_tokens_total{on('j:8000', '0')}": "0x200",
         f"vllm:iteration_tokens_total_count{on('j:8000', '0')}": "0x200",
     }
-    tests = [{"interval": "1s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
-              "alert_rule_test": [
+    tests = one_test(series, [
                   {"eval_time": "60s", "alertname": "VLLMHungRank", "exp_alerts": []},
                   {"eval_time": "120s", "alertname": "VLLMHungRank",
                    "exp_alerts": [fired("VLLMHungRank", "critical", engine="1")]},
                   {"eval_time": "120s", "alertname": "VLLMSlowRank", "exp_alerts": []},
-              ]}]
+    ])
     result = run_promtool(promtool, tmp_path, tests)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -321,12 +326,11 @@ def test_a_slow_rank_is_judged_against_its_own_servers_peers(promtool: str, tmp_
               **engine("j:8000", "0", 5, 5),
               **engine("k:8000", "0", 100, 100), **engine("k:8000", "1", 30, 30), **engine("k:8000", "2", 100, 100),
               **engine("s:8000", "0", 400, 100), **engine("s:8000", "1", 50, 50)}
-    tests = [{"interval": "1s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
-              "alert_rule_test": [
+    tests = one_test(series, [
                   {"eval_time": "120s", "alertname": "VLLMSlowRank",
                    "exp_alerts": [fired("VLLMSlowRank", "warning", engine="1"),
                                   fired("VLLMSlowRank", "warning", instance="k:8000", engine="1")]},
-              ]}]
+    ])
     result = run_promtool(promtool, tmp_path, tests)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -356,8 +360,7 @@ def test_asleep_deferred_admission_and_speculation(promtool: str, tmp_path: Path
         f"vllm:spec_decode_num_draft_tokens_total{on('l:8000', '0')}": "0+10x200",
         f"vllm:spec_decode_num_accepted_tokens_total{on('l:8000', '0')}": "0+2.8x200",
     }
-    tests = [{"interval": "1s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
-              "alert_rule_test": [
+    tests = one_test(series, [
                   {"eval_time": "20s", "alertname": "VLLMEngineAsleep", "exp_alerts": []},
                   {"eval_time": "60s", "alertname": "VLLMEngineAsleep",
                    "exp_alerts": [fired("VLLMEngineAsleep", "critical", engine="0", sleep_state="awake"),
@@ -373,6 +376,6 @@ def test_asleep_deferred_admission_and_speculation(promtool: str, tmp_path: Path
                   {"eval_time": "60s", "alertname": "VLLMSpecDecodeLowAcceptance",
                    "exp_alerts": [fired("VLLMSpecDecodeLowAcceptance", "warning", engine="0"),
                                   fired("VLLMSpecDecodeLowAcceptance", "warning", instance="l:8000", engine="0")]},
-              ]}]
+    ])
     result = run_promtool(promtool, tmp_path, tests)
     assert result.returncode == 0, result.stdout + result.stderr
