@@ -188,7 +188,9 @@ def infer_workload(scrapes: Sequence[Scrape], closed_loop_cv: float = 0.2) -> In
         return None
     n_hist = histogram_delta(ok, "request_params_n")
     n = n_hist.sum / n_hist.count if n_hist is not None and n_hist.count else 1.0
-    arrivals: list[float] = [0.0] * round(held0 / max(1.0, n))
+    # Counted as vLLM counts them: each of a request's n samples is a request of its own (finished,
+    # held, histograms), so the trace is of samples (see _Replay.submit).
+    arrivals: list[float] = [0.0] * round(held0)
     finished = 0.0
     held_series: list[float | None] = []  # None: the gauges read 0 while tokens flowed (no reading)
     done_series: list[float] = []  # requests finished in each interval
@@ -214,7 +216,7 @@ def infer_workload(scrapes: Sequence[Scrape], closed_loop_cv: float = 0.2) -> In
             done_series.append(done)
             ends.append(b.ts - t0)
             continue
-        came = max(0, round(done + (hb - ha) / max(1.0, n)))
+        came = max(0, round(done + hb - ha))
         # Spread the interval's arrivals evenly inside it (the scrapes cannot say when within).
         arrivals += [a.ts - t0 + (i + 0.5) * (b.ts - a.ts) / came for i in range(came)]
         held_series.append(hb)
@@ -234,7 +236,7 @@ def infer_workload(scrapes: Sequence[Scrape], closed_loop_cv: float = 0.2) -> In
     max_tokens = histogram_delta(ok, "request_params_max_tokens")
     loop = _closed_loop(held_series, done_series, closed_loop_cv)
     held_end = _held(ok[-1].snapshot) or 0.0
-    requests = _trace(ok, arrivals, round(held_end / max(1.0, n)), prompt, output, blind)
+    requests = _trace(ok, arrivals, round(held_end), prompt, output, blind)
     return InferredWorkload(
         seconds=t1 - t0, arrivals=tuple(sorted(arrivals)), prompt=prompt, output=output, n=n,
         prefix_hit_fraction=min(1.0, hits / queries) if queries > 0 else 0.0,
@@ -660,14 +662,23 @@ class _Replay:
     prefix: list[int]
     rejected: int = 0
 
+    submitted: int = 0
+    body: int = 0
+
     def submit(self, prompt_len: int, output_len: int) -> None:
+        """One request of the trace. vLLM counts each of a request's n samples as a request of its
+        own (request_success, the length histograms and the held gauges all do), so the trace holds
+        the samples: each is replayed as one sequence, and each run of n consecutive ones shares
+        its prompt (siblings share prompt blocks through the prefix cache, as n > 1 does)."""
         if prompt_len + output_len > self.max_model_len:
             self.rejected += 1  # vLLM answers 400: longer than --max-model-len
             return
+        if self.submitted % self.n == 0:
+            self.body = self.rng.randrange(1 << 40)
+        self.submitted += 1
         shared = min(prompt_len - 1, round(self.prefix_hit_fraction * prompt_len), len(self.prefix))
-        body = self.rng.randrange(1 << 40)
-        prompt = self.prefix[:shared] + list(range(body, body + prompt_len - shared))
-        self.engine.add_request(prompt, output_len, self.n)
+        prompt = self.prefix[:shared] + list(range(self.body, self.body + prompt_len - shared))
+        self.engine.add_request(prompt, output_len, 1)
 
 
 def _lengths(workload: InferredWorkload, rng: random.Random, served_len: int) -> list[tuple[int, int]]:
@@ -918,6 +929,9 @@ def with_predictions(findings: Sequence[Finding], scrapes: Sequence[Scrape], kno
     except ValueError as exc:
         note = f"no prediction: {exc}"
         return tuple(_noted(f, note) if f in wanted else f for f in findings), None, str(exc)
+    except Exception as exc:  # noqa: BLE001 — a prediction must never cost the diagnosis
+        note = f"no prediction: the replay failed ({type(exc).__name__}: {exc})"
+        return tuple(_noted(f, note) if f in wanted else f for f in findings), None, note
     out = []
     for f in findings:
         if f not in wanted:
@@ -928,8 +942,11 @@ def with_predictions(findings: Sequence[Finding], scrapes: Sequence[Scrape], kno
             try:
                 pred = base.predict(suggestion_changes(sug.flag, sug.value))
                 suggestions.append(replace(sug, prediction=pred.to_json(), prediction_note=summary(pred)))
-            except NotModelled as exc:
+            except ValueError as exc:  # NotModelled, or a value that cannot be applied
                 suggestions.append(replace(sug, prediction_note=f"no prediction: {exc}"))
+            except Exception as exc:  # noqa: BLE001 — a prediction must never cost the diagnosis
+                suggestions.append(replace(sug, prediction_note=f"no prediction: the replay failed "
+                                                                f"({type(exc).__name__}: {exc})"))
         out.append(replace(f, suggestions=tuple(suggestions)))
     return tuple(out), base, None
 

@@ -344,3 +344,91 @@ def test_a_prediction_from_a_simulated_window_matches_the_simulated_engine_run_w
 def test_closed_loops_and_bursts_are_told_apart(name: str, clients: int | None) -> None:
     w = whatif.infer_workload(recording(name))
     assert w is not None and w.closed_loop_clients == clients
+
+
+# -- from the sceptic's review --------------------------------------------------------------------
+
+
+def test_parallel_samples_are_counted_and_replayed_as_vllm_counts_them() -> None:
+    """sharing_off_n8: 10 requests with n = 8 (labels.json: 10 ok), 32 tokens each, prefix caching
+    off. vLLM counts each sample as a request of its own: 80, each replayed as one sequence."""
+    w = whatif.infer_workload(recording("sharing_off_n8"))
+    assert w is not None
+    assert (w.n, len(w.requests), w.requests_finished) == (8.0, 80, 80.0)
+    assert w.prefix_hit_fraction == 0.0 and w.max_tokens_mean == 32.0
+    base = whatif.baseline(recording("sharing_off_n8"), {})
+    err = base.baseline_error["output_tokens_per_second"]
+    assert err is not None and err < 0.9  # each sample replayed once (8× too much work before the fix)
+
+
+def test_generator_settings_come_back_out_of_the_window() -> None:
+    w = whatif.infer_workload(recording("queue_cap_closed_loop"))  # 128-token answers, no shared prefix
+    assert w is not None and w.max_tokens_mean == 128.0 and w.prefix_hit_fraction == 0.0
+
+
+def test_max_model_len_turns_away_exactly_the_requests_that_do_not_fit() -> None:
+    # kv_pressure_blocks_override: 30 requests of 10 words and 200 tokens: none fits in 150.
+    p = whatif.baseline(recording("kv_pressure_blocks_override"), {}).predict({"--max-model-len": "150"})
+    assert p.after.requests_rejected == 30 and p.metric("output_tokens_per_second")["after"] == 0.0
+    # queue_cap_closed_loop: 20 closed-loop clients, 40-word prompts and 128 tokens: the first
+    # request of each client is turned away under 100, and a turned-away client sends no more.
+    q = whatif.baseline(recording("queue_cap_closed_loop"), {}).predict({"--max-model-len": "100"})
+    assert q.after.requests_rejected == 20
+
+
+def test_apply_by_hand_arithmetic() -> None:
+    cal = calibration(gpu_memory_utilization=0.45)
+    assert whatif.apply(FLAGS, cal, {"--gpu-memory-utilization": "0.9"}).num_gpu_blocks == 200
+    assert whatif.apply(FLAGS, cal, {"--enable-prefix-caching": "false"}).enable_prefix_caching is False
+    assert whatif.apply(FLAGS, calibration(cache_dtype="fp8"), {"--kv-cache-dtype": "fp8"}).num_gpu_blocks == 100
+    assert whatif.apply(FLAGS, cal, {"--max-model-len": "2048.0"}).max_model_len == 2048
+    with pytest.raises(whatif.NotModelled, match="only fp8"):
+        whatif.apply(FLAGS, cal, {"--kv-cache-dtype": "bfloat16"})
+
+
+def test_position_is_clamped_to_the_buckets() -> None:
+    bounds = (10.0, 20.0, float("inf"))
+    low = whatif.LengthDist.from_histogram(Histogram(bounds, (0.0, 4.0, 4.0), 4 * 5.0, 4.0))  # mean below (10, 20]
+    high = whatif.LengthDist.from_histogram(Histogram(bounds, (4.0, 4.0, 4.0), 4 * 50.0, 4.0))  # above (0, 10]
+    assert low is not None and high is not None
+    assert (low.position(), high.position()) == (0.0, 1.0)
+
+
+def test_the_simulated_engine_spends_no_time_outside_its_engine() -> None:
+    scrapes = simulated_window(whatif.StepCost(0.004, 0.0005, 0.00002))
+    cal = whatif.calibrate(scrapes, scrapes[-1].snapshot.cache_config if scrapes[-1].snapshot else None)
+    assert cal is not None and cal.ttft_offset == pytest.approx(0.0, abs=1e-3)
+
+
+def test_a_window_that_cannot_be_replayed_notes_every_suggestion_and_costs_no_finding() -> None:
+    scrapes = recording("queue_cap_closed_loop")
+    findings = diagnose(prepare(scrapes))
+    noted, base, why = whatif.with_predictions(findings, scrapes[:2], {})
+    assert base is None and why is not None
+    assert [f.id for f in noted] == [f.id for f in findings]
+    suggestions = [s for f in noted if f.severity != "info" for s in f.suggestions]
+    assert suggestions and all((s.prediction_note or "").startswith("no prediction:") for s in suggestions)
+
+
+def test_whatif_on_an_empty_window_is_unknown_not_bad_usage(tmp_path: Path) -> None:
+    path = tmp_path / "idle.jsonl"
+    lines = [json.dumps({"ts": 1000.0 + i, "target": "http://h:1", "metrics": "vllm:num_requests_running 0\n"})
+             for i in range(5)]
+    path.write_text("\n".join(lines) + "\n")
+    out = cli("whatif", "--replay", str(path), "--set", "max-num-seqs=8")
+    assert out.returncode == 3 and "cannot replay this window" in out.stderr
+
+
+def test_the_prediction_chart_colours_gains_green_and_costs_red() -> None:
+    from diagnostics.core.figures import prediction_figure
+
+    fig = prediction_figure({"itl_p95_seconds": {"before": 0.1, "after": 0.05},          # halved: a gain
+                             "output_tokens_per_second": {"before": 100.0, "after": 80.0},  # fewer: a cost
+                             "preemptions_per_minute": {"before": 0.0, "after": 0.0}})    # nothing: no bar
+    assert fig is not None
+    bar = fig.data[0]
+    assert list(bar.y) == ["ITL p95", "output tok/s"]
+    assert list(bar.x) == pytest.approx([-50.0, -20.0])
+    assert list(bar.marker.color) == ["#2ca02c", "#d62728"]
+    assert "100 ms → ~50 ms" in bar.text[0]
+    assert prediction_figure({"itl_p95_seconds": {"before": None, "after": 0.1}}) is None
