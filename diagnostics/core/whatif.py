@@ -398,12 +398,11 @@ def _q(values: Sequence[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
 
 
-def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float], weights: Sequence[float]) -> list[float]:
-    """Weighted least squares, non-negative by dropping the terms that come out negative."""
+def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
+    """Least squares, non-negative by dropping the terms that come out negative."""
     import numpy as np
 
-    a_all = np.array(rows, dtype=float) * np.sqrt(np.array(weights, dtype=float))[:, None]
-    y = np.array(ys, dtype=float) * np.sqrt(np.array(weights, dtype=float))
+    a_all, y = np.array(rows, dtype=float), np.array(ys, dtype=float)
     cols = list(range(a_all.shape[1]))
     while True:
         coef, *_ = np.linalg.lstsq(a_all[:, cols], y, rcond=None)
@@ -481,7 +480,7 @@ def calibrate(scrapes: Sequence[Scrape], config: CacheConfig | None, seed: int =
     design = [(n, g if batch_identified else 0.0, p if prefill_identified else 0.0) for n, g, p in rows]
 
     def fit(keep: Sequence[int]) -> tuple[float, float, float]:
-        b, s, p = _least_squares([design[i] for i in keep], [times[i] for i in keep], [1.0] * len(keep))
+        b, s, p = _least_squares([design[i] for i in keep], [times[i] for i in keep])
         return b, s, p
 
     def misfit(coef: tuple[float, float, float], i: int) -> float:
@@ -596,9 +595,6 @@ class Outcome:
 
     metrics: dict[str, float | None]
     requests_rejected: int = 0  # longer than --max-model-len
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: (None if v is None else round(v, 6)) for k, v in self.metrics.items()}
 
 
 def _hist(bounds: Sequence[float], values: Sequence[tuple[float, int]]) -> Histogram:
