@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -540,9 +543,12 @@ def test_timeouts_that_last_or_are_still_going_are_an_outage() -> None:
         assert "server_down" in ids and "scrapes_slow" not in ids, ids
 
 
+_LAB = 'engine="0",model_name="m"'
+
+
 def _queue_payload(t: float, *, running: float = 4, deferred: float = 0, capacity: float = 0, usage: float = 0.1,
-                   rejected: float = 0, lora: tuple[str, str] | None = None) -> Scrape:
-    lab = 'engine="0",model_name="m"'
+                   rejected: float = 0, lora: tuple[str, str] | None = None, extra: str = "") -> Scrape:
+    lab = _LAB
     text = (f"vllm:generation_tokens_total{{{lab}}} {100 * t}\n"
             f"vllm:num_requests_running{{{lab}}} {running}\n"
             f"vllm:num_requests_waiting{{{lab}}} {deferred + capacity}\n"
@@ -555,7 +561,7 @@ def _queue_payload(t: float, *, running: float = 4, deferred: float = 0, capacit
         text += ('vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 5.0\n'
                  f'vllm:lora_requests_info{{max_lora="1",running_lora_adapters="{lora[0]}",'
                  f'waiting_lora_adapters="{lora[1]}"}} {1000 + t}\n')
-    return Scrape(t, parse_snapshot(text))
+    return Scrape(t, parse_snapshot(text + extra))
 
 
 def test_requests_deferred_for_lora_slots_say_raise_max_loras() -> None:
@@ -591,6 +597,49 @@ def test_admission_rejections_name_the_limit_and_what_would_serve_them(running: 
     assert found[0].suggestions[0].flag == flag and found[0].suggestions[0].direction == "increase"
     if flag != "--max-num-seqs":
         assert "--max-num-seqs" not in [s.flag for s in found[0].suggestions]
+
+
+def _times(t: float, queued_share: float) -> str:
+    """Queue and decode time histograms: two requests finish a second, each after 1 s of decode and
+    ``queued_share`` s of queue."""
+    count, lines = 2 * t, []
+    for name, each in (("request_queue_time_seconds", queued_share), ("request_decode_time_seconds", 1.0)):
+        lines += [f'vllm:{name}_bucket{{{_LAB},le="+Inf"}} {count}', f"vllm:{name}_count{{{_LAB}}} {count}",
+                  f"vllm:{name}_sum{{{_LAB}}} {count * each}"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(("queued_share", "flag"), [(0.25, "--max-num-seqs"), (0.15, "--max-num-queued-reqs")])
+def test_admission_judges_the_batch_from_queue_time_when_the_running_gauge_reads_low(
+    queued_share: float, flag: str
+) -> None:
+    """The running gauge never shows the cap (2 of 4): requests that queued a quarter of their decode
+    waited for a running one to finish, so the batch held them; a sixth of it, barely at all."""
+    history = [_queue_payload(float(t), running=2, capacity=2, rejected=0 if t < 3 else 10,
+                              extra=_times(float(t), queued_share)) for t in range(8)]
+    found = [f for f in diagnose(prepare(history, max_num_seqs=4)) if f.id == "admission_rejected"]
+    assert [s.flag for s in found[0].suggestions] == [flag]
+    assert found[0].evidence["mean_queue_seconds"] == pytest.approx(queued_share)
+
+
+def test_admission_on_a_real_burst_whose_running_gauge_read_0_still_names_the_batch() -> None:
+    """What a CI run saw on a busy host: vLLM 0.32's running gauge read 0 through a one-second burst.
+    The real recording with that gauge blanked in every scrape still says --max-num-seqs (the
+    requests queued 0.6-0.9 s behind 0.6-0.9 s decodes), from the queue times."""
+    blanked = []
+    with gzip.open(FIXTURES / "incidents" / "admission_queued_reqs.jsonl.gz", "rt") as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("metrics"):
+                text = re.sub(r"^(vllm:num_requests_running\{[^}]*\}) \S+$", r"\1 0.0", record["metrics"],
+                              flags=re.M)
+                blanked.append(Scrape(record["ts"], parse_snapshot(text)))
+    assert len(blanked) > 10
+    assert all((s.snapshot.value("num_requests_running") or 0) == 0 for s in blanked if s.snapshot)
+    for cap in (4, None):  # the cap known from the flags, or only from the gauge that read 0
+        found = [f for f in diagnose(prepare(blanked, max_num_seqs=cap)) if f.id == "admission_rejected"]
+        assert [(s.flag, s.direction) for s in found[0].suggestions] == [("--max-num-seqs", "increase")]
+        assert "queued" in found[0].suggestions[0].why and found[0].evidence["running_at_cap"] is True
 
 
 def test_no_rejection_no_admission_finding() -> None:

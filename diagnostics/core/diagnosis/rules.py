@@ -619,10 +619,18 @@ def admission_rejected(ctx: Context) -> list[Finding]:
         return []
     rising = [(a, b) for a, b, inc in counter_steps(scrapes, labels_total("admission_rejections")) if inc > 0]
     start, end = rising[0][0], rising[-1][1]
-    near = [snap for s, snap in ctx.ok if start - 5.0 <= s.ts <= end]
+    around = [(s, snap) for s, snap in ctx.ok if start - 5.0 <= s.ts <= end + t.admission_drain_seconds]
+    near = [snap for _, snap in around]
     cap = flags.max_num_seqs or _max_gauge(ctx, "num_requests_running")
-    at_cap = any((snap.value("num_requests_running") or 0) >= cap > 0 for snap in near)
     usage = max((snap.value("kv_cache_usage_perc") or 0.0) for snap in near)
+    # vLLM 0.32's gauges can read 0 through a burst that lasts a second on a busy host: the requests
+    # that finished around it say the same thing when they queued for a good part of a decode.
+    queued = _mean_from(histogram_delta([s for s, _ in around], "request_queue_time_seconds"))
+    decode = _mean_from(histogram_delta([s for s, _ in around], "request_decode_time_seconds"))
+    queued_behind = (queued is not None and decode is not None and decode > 0
+                     and queued >= t.admission_queued_share * decode)
+    gauge_at_cap = any((snap.value("num_requests_running") or 0) >= cap > 0 for snap in near)
+    at_cap = gauge_at_cap or queued_behind
     peak_waiting = max((snap.value("num_requests_waiting") or 0.0) for snap in near)
     reasons = sorted((r for r, n in by_reason.items() if n > 0), key=lambda r: -by_reason[r])
     limits = " and ".join(f"--{r.replace('_', '-')}" for r in reasons)
@@ -630,8 +638,11 @@ def admission_rejected(ctx: Context) -> list[Finding]:
         suggestions = _suggest_more_kv(flags, t, None)
         fix = "the KV cache is full, so the queue cannot drain: more KV capacity serves these requests"
     elif at_cap:
-        suggestions = [Suggestion("--max-num-seqs", "increase", int(cap + peak_waiting),
-                                  f"Running sat at the cap of {cap:.0f} with the KV cache ≤ {usage * 100:.0f} % full: "
+        held = (f"Running sat at the cap of {cap:.0f}" if gauge_at_cap or queued is None or decode is None else
+                f"Requests queued {fmt_seconds_as_ms(queued)} on average (against {fmt_seconds_as_ms(decode)} "
+                "of decode) for a running one to finish")
+        suggestions = [Suggestion("--max-num-seqs", "increase", int(cap + peak_waiting) if cap else None,
+                                  f"{held} with the KV cache ≤ {usage * 100:.0f} % full: "
                                   "a larger batch drains the queue the limit protects.")]
         fix = "running sat at the --max-num-seqs cap with memory to spare: a larger batch serves these requests"
     else:
@@ -645,7 +656,8 @@ def admission_rejected(ctx: Context) -> list[Finding]:
         title=f"{total:,.0f} requests turned away (HTTP 503) by {limits}; {fix}",
         evidence={"admission_rejections": {r: by_reason[r] for r in reasons},
                   "admission_rejections_total": total, "num_requests_running_cap": cap, "running_at_cap": at_cap,
-                  "max_kv_cache_usage_perc": usage, "max_num_requests_waiting": peak_waiting, "window": _span(ctx)},
+                  "max_kv_cache_usage_perc": usage, "max_num_requests_waiting": peak_waiting,
+                  "mean_queue_seconds": queued, "mean_decode_seconds": decode, "window": _span(ctx)},
         suggestions=tuple(suggestions),
         checks=(
             "The queue limit sheds load by design: raise it only if clients would rather wait than retry a 503.",

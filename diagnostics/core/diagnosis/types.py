@@ -80,6 +80,12 @@ class Thresholds:
     kv_full_perc: float = 0.95  # KV usage counted as "near full"
     kv_low_perc: float = 0.80  # below this the KV cache is not what limits admission
     queue_min_seconds: float = 3.0  # waiting at the cap for at least this long
+    # After a burst was turned away, the queue the limit protected drains for up to this long: a batch
+    # at its cap in that time is what held the queue (the gauges can miss a short burst itself).
+    admission_drain_seconds: float = 10.0
+    # Requests around a rejected burst that queued at least this share of their decode time waited
+    # for a running request to finish (a full batch), not for the next step.
+    admission_queued_share: float = 0.2
     stall_min_seconds: float = 5.0  # running > 0 and no new token for at least this long
     stall_min_scrapes: int = 3
     long_step_max_seconds: float = 10.0  # no token for longer than this is a stall even if a large step ends it
