@@ -102,3 +102,22 @@ def test_fast_forward_equals_stepping_one_by_one() -> None:
     slow, fast = run_engine(False), run_engine(True)
     assert fast[0] == pytest.approx(slow[0]) and fast[1] == pytest.approx(slow[1])
     assert fast[2:] == slow[2:]
+
+
+def test_a_full_cache_preempts_the_most_recently_admitted_request_by_recompute() -> None:
+    """vLLM v1's ``Scheduler.schedule``: when a running request cannot get a block, the last one in
+    the running list (the latest admitted) is preempted, freed and put back at the front of the
+    waiting queue to be recomputed from its first token."""
+    engine = SimEngine(EngineConfig(block_size=16, num_gpu_blocks=4, max_num_seqs=3, max_num_batched_tokens=64))
+    first, second, third = (engine.add_request(list(range(100 * i, 100 * i + 10)), 20)[0] for i in range(1, 4))
+    preempted = 0
+    while not preempted:
+        preempted = engine.step().num_preemptions
+    # Three one-block requests fill the three usable blocks; at token 17 each needs a second one.
+    # The first takes the third request's block; the second then finds none free and, being the
+    # last running now, preempts itself. Both go back to the front, the latest preempted first.
+    assert preempted == 2 and engine.running == [first] and list(engine.waiting) == [second, third]
+    for victim in (second, third):
+        assert victim.request.num_computed_tokens == 0 and victim.num_preemptions == 1
+        assert engine.kv.get_block_ids(victim.request.request_id) == []
+    assert len(engine.kv.get_block_ids(first.request.request_id)) == 2
