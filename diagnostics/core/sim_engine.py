@@ -115,6 +115,7 @@ class StepStats:
     itl: list[float] = field(default_factory=list)
     itl_weighted: list[tuple[float, int]] = field(default_factory=list)  # (value, how many observations)
     iteration_tokens_steps: int = 1  # how many identical steps ``iteration_tokens`` stands for
+    iteration_tokens_first: int = 0  # a fast-forward's first step when it differs from the rest (it admitted)
     num_waiting_deferred: int = 0  # waiting for a LoRA slot, not for capacity
     sleep_level: int = 0  # 0 awake; 1 weights offloaded; 2 weights and KV discarded
     spec_drafts: int = 0  # speculative decoding: one draft per decoding sequence per step
@@ -144,6 +145,7 @@ class SimEngine:
         self.slowdown = 1.0  # a degraded device: every step takes this many times longer
         self._spec_rng = random.Random(0)
         self._ids = 0
+        self.steps_taken = 0  # engine steps run (the clock's step number)
         self._next_token = 100_000
         per_token = kv_bytes_per_token(config.model, config.kv_dtype_bytes, config.tensor_parallel_size)
         self._kv_bytes_per_token = per_token
@@ -195,12 +197,14 @@ class SimEngine:
         flops = 2 * cfg.model.num_params / max(1, cfg.tensor_parallel_size) * tokens
         return flops, self._weight_bytes + context_tokens * self._kv_bytes_per_token, tokens * self._kv_bytes_per_token
 
-    def step_seconds(self, prefill_tokens: int, num_seqs: int, context_tokens: int) -> float:
+    def step_seconds(self, prefill_tokens: int, num_seqs: int, context_tokens: int, ahead: int = 0) -> float:
         """One step: ``num_seqs`` scheduled sequences holding ``context_tokens`` of KV between them,
-        ``prefill_tokens`` of which are new prompt tokens."""
+        ``prefill_tokens`` of which are new prompt tokens; ``ahead`` steps after the next one (a
+        fitted cost's noise is drawn per step number, so a step costs the same however it is reached)."""
         cfg = self.config
         if cfg.step_cost is not None:
-            return cfg.step_cost.seconds(prefill_tokens, num_seqs, context_tokens) * self.slowdown
+            return cfg.step_cost.seconds(prefill_tokens, num_seqs, context_tokens,
+                                         self.steps_taken + ahead) * self.slowdown
         tokens = prefill_tokens + num_seqs
         kv_read = context_tokens * self._kv_bytes_per_token
         memory_time = (self._weight_bytes + kv_read) / cfg.gpu.bandwidth_bytes_per_s
@@ -288,6 +292,7 @@ class SimEngine:
                                         if sim.request.num_computed_tokens < sim.request.num_prompt_tokens)
         # Speculation verifies k draft tokens per decoding sequence in the same forward pass.
         self.now += self.step_seconds(prefill + k * decoding, len(scheduled), context)
+        self.steps_taken += 1
         stats.estimated_flops, stats.estimated_read_bytes, stats.estimated_write_bytes = self.work(
             prefill + k * decoding, len(scheduled), context)
         stats.iteration_tokens = sum(n for _, n in scheduled)
@@ -368,72 +373,151 @@ class SimEngine:
             self._next_token += 1
 
     def fast_forward(self, horizon: float, max_steps: int = 512) -> StepStats | None:
-        """Several pure-decode steps at once, when nothing can change the batch in between: every
-        running request is decoding, nobody can be admitted (no waiting request, or running at
-        max_num_seqs), and the blocks for all k tokens are free now. k stops at the first request
-        to finish and before ``horizon``. Returns None when a regular :meth:`step` is needed.
+        """Several steps at once, when nothing can change the batch in between: every running
+        request is decoding; the first step may admit waiting requests whose whole prompts fit its
+        token budget and the free blocks (a closed loop's replacement for a finished request), after
+        which nobody else could be admitted (none waiting, or running at max_num_seqs); the blocks
+        for all k steps are free now. k stops at the first request to finish and before ``horizon``.
+        Returns None when a regular :meth:`step` is needed.
 
         Equivalent to k calls of :meth:`step` (same tokens, blocks, times and observations)."""
         cfg = self.config
-        if self.stalled or cfg.num_speculative_tokens or not self.running \
-                or (self.waiting and len(self.running) < cfg.max_num_seqs):
+        running = self.running
+        if self.stalled or self.sleep_level or cfg.num_speculative_tokens or not running:
             return None
-        batch = len(self.running)
+        batch = len(running)
         if batch > cfg.max_num_batched_tokens:
             return None
+        bs = cfg.block_size
+        held = self.kv.req_to_blocks
         context = 0
-        for sim in self.running:
+        cross = 0  # decoders that need a slot allocated in the first step (a block fills or a new one starts)
+        k = max_steps
+        for sim in running:
             req = sim.request
-            if sim.first_token_at is None or req.num_tokens - req.num_computed_tokens != 1:
+            computed = req.num_computed_tokens
+            if sim.first_token_at is None or len(req.token_ids) - computed != 1:
                 return None
-            context += req.num_computed_tokens
-        k = min(max_steps, min(sim.max_tokens - sim.num_output for sim in self.running))
+            context += computed
+            if computed + 1 >= len(held[req.request_id]) * bs:
+                cross += 1
+            k = min(k, sim.max_tokens - sim.num_output)
+        free = self.kv.block_pool.get_num_free_blocks() - cross
+        admit: list[SimRequest] = []
+        if self.waiting and batch < cfg.max_num_seqs:
+            budget = cfg.max_num_batched_tokens - batch
+            for sim in self.waiting:
+                if batch + len(admit) >= cfg.max_num_seqs or budget <= 0:
+                    break
+                req = sim.request
+                tokens = len(req.token_ids)
+                need = -(-tokens // bs)
+                # A prompt the budget would split, or one the blocks might not hold even without a
+                # prefix hit, or a LoRA adapter: the regular step decides.
+                if sim.lora or sim.prefix_looked_up or req.num_computed_tokens or tokens > budget or need > free:
+                    return None
+                admit.append(sim)
+                budget -= tokens
+                free -= need
+                k = min(k, sim.max_tokens)
+            if len(admit) < len(self.waiting) and batch + len(admit) < cfg.max_num_seqs:
+                return None  # the next step would admit more
         if k < 2:
             return None
-        bs = cfg.block_size
-        needed = sum(max(0, -(-(sim.request.num_computed_tokens + k) // bs) - len(self.kv.req_to_blocks[sim.request.request_id]))
-                     for sim in self.running)
-        if needed > self.kv.block_pool.get_num_free_blocks():
+        # Blocks for steps 2..k, counted as if no prompt hit the prefix cache (hits only need fewer).
+        more = sum(max(0, -(-(sim.request.num_computed_tokens + k) // bs)
+                       - max(len(held[sim.request.request_id]), -(-(sim.request.num_computed_tokens + 1) // bs)))
+                   for sim in running)
+        more += sum(-(-(len(sim.request.token_ids) + k - 1) // bs) - -(-len(sim.request.token_ids) // bs)
+                    for sim in admit)
+        if more > free:
             return None
+        stats = StepStats(self.now, batch, len(self.waiting), self.kv.usage)
+        # Step 1, as step() schedules it: the decoders' slots in running order, then the admissions.
+        for sim in running:
+            req = sim.request
+            if req.num_computed_tokens + 1 >= len(held[req.request_id]) * bs:
+                self.kv.allocate_slots(req, 1)
+        prefill = 0
+        first_tokens = batch
+        for sim in admit:
+            req = sim.request
+            computed_blocks, hit = self.kv.get_computed_blocks(req)
+            if sim.num_preemptions == 0:
+                stats.prefix_queries += req.num_tokens
+                stats.prefix_hits += hit
+            req.num_computed_tokens = hit
+            num_new = len(req.token_ids) - hit
+            allocated = self.kv.allocate_slots(req, num_new, computed_blocks)
+            assert allocated is not None, "fast_forward admitted a request the blocks cannot hold"
+            sim.prefix_looked_up = True
+            self.waiting.popleft()
+            running.append(sim)
+            if sim.scheduled_at is None:
+                sim.scheduled_at = self.now
+            context += hit
+            first_tokens += num_new
+            if hit < req.num_prompt_tokens:
+                prefill += num_new
+                stats.prompt_tokens += min(num_new, req.num_prompt_tokens)
+        size = len(running)
+        t = self.now + self.step_seconds(prefill, size, context)
+        work = list(self.work(prefill, size, context))
+        # Step 1's tokens: every decoder's next one, every admitted prompt's first.
+        itl: dict[float, int] = {}
+        for sim in running:
+            req = sim.request
+            req.num_computed_tokens = len(req.token_ids)
+            sim.num_output += 1
+            if sim.first_token_at is None:
+                sim.first_token_at = t
+                stats.ttft.append(t - sim.arrival)
+            elif sim.last_token_at is not None:
+                gap = t - sim.last_token_at
+                itl[gap] = itl.get(gap, 0) + 1
+            sim.last_token_at = t
+            req.token_ids.append(self._next_token)
+            self._next_token += 1
+        stats.itl_weighted = list(itl.items())
+        context = sum(sim.request.num_computed_tokens for sim in running)
+        # Steps 2..k: pure decode of the whole batch.
         times: list[float] = []
-        t = self.now
-        work = [0.0, 0.0, 0.0]
-        for i in range(k):
-            step = self.step_seconds(0, batch, context + i * batch)
-            if t + step > horizon and i > 0:
+        for i in range(k - 1):
+            step = self.step_seconds(0, size, context + i * size, ahead=1 + i)
+            if t + step > horizon:
                 break
             t += step
             times.append(step)
-            for j, amount in enumerate(self.work(0, batch, context + i * batch)):
+            for j, amount in enumerate(self.work(0, size, context + i * size)):
                 work[j] += amount
-        k = len(times)
-        if k < 2:
-            return None
-        stats = StepStats(self.now, batch, len(self.waiting), self.kv.usage)
-        for sim in list(self.running):
+        rest = len(times)
+        self.steps_taken += 1 + rest
+        for sim in list(running):
             req = sim.request
-            if req.num_computed_tokens + k > len(self.kv.req_to_blocks[req.request_id]) * bs:
-                self.kv.allocate_slots(req, k)
-            req.num_computed_tokens += k
-            sim.num_output += k
-            req.token_ids.extend(range(self._next_token, self._next_token + k - 1))
-            self._next_token += k - 1
-            sim.last_token_at = t
+            if rest:
+                if req.num_computed_tokens + rest > len(held[req.request_id]) * bs - 1:
+                    self.kv.allocate_slots(req, rest)
+                req.num_computed_tokens += rest
+                sim.num_output += rest
+                req.token_ids.extend(range(self._next_token, self._next_token + rest))
+                self._next_token += rest
+                sim.last_token_at = t
             if sim.on_token is not None:
                 sim.on_token(sim)
             if sim.num_output >= sim.max_tokens:
                 sim.finished_reason = "length"
+                req.token_ids.pop()  # the last token is never fed back
                 self.kv.free(req)
-                self.running.remove(sim)
+                running.remove(sim)
                 stats.finished.append(sim)
-            else:
-                req.token_ids.append(self._next_token)
-                self._next_token += 1
         self.now = t
-        stats.generation_tokens = k * batch
-        stats.iteration_tokens = batch
-        stats.iteration_tokens_steps = k
-        stats.itl_weighted = [(step, batch) for step in times]
+        stats.generation_tokens = size * (1 + rest)
+        if admit:
+            stats.iteration_tokens_first = first_tokens
+            stats.iteration_tokens, stats.iteration_tokens_steps = (size, rest) if rest else (0, 1)
+        else:
+            stats.iteration_tokens, stats.iteration_tokens_steps = size, 1 + rest
+        stats.itl_weighted += [(step, size) for step in times]
         stats.estimated_flops, stats.estimated_read_bytes, stats.estimated_write_bytes = work
         stats.now = self.now
         self._queue_stats(stats)

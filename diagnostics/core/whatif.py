@@ -353,12 +353,22 @@ class StepCost:
         self.base, self.per_seq, self.per_prefill_token = base, per_seq, per_prefill_token
         self.spread = tuple(spread) or (1.0,)
         self._rng = random.Random(seed)
+        # The order in which step numbers draw from the spread: a seeded shuffle, cycled.
+        self._order = list(range(len(self.spread))) * 4
+        self._rng.shuffle(self._order)
 
     def fitted(self, prefill_tokens: float, num_seqs: float) -> float:
         return self.base + self.per_seq * num_seqs + self.per_prefill_token * prefill_tokens
 
-    def seconds(self, prefill_tokens: int, num_seqs: int, context_tokens: int) -> float:
-        factor = self.spread[self._rng.randrange(len(self.spread))] if len(self.spread) > 1 else self.spread[0]
+    def seconds(self, prefill_tokens: int, num_seqs: int, context_tokens: int, step: int | None = None) -> float:
+        """One step's seconds; ``step`` (the engine's step number) picks the noise factor, so the same
+        step costs the same whether it is simulated alone or fast-forwarded with others."""
+        if len(self.spread) == 1:
+            return self.fitted(prefill_tokens, num_seqs) * self.spread[0]
+        if step is None:
+            factor = self.spread[self._rng.randrange(len(self.spread))]
+        else:
+            factor = self.spread[self._order[step % len(self._order)]]
         return self.fitted(prefill_tokens, num_seqs) * factor
 
     def reseeded(self, seed: int) -> StepCost:

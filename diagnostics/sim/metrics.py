@@ -155,18 +155,30 @@ class SimMetrics:
                 "prompt": self.prompt_tokens.labels(**lab), "generation": self.generation_tokens.labels(**lab),
                 "iteration": self.iteration.labels(**lab), "ttft": self.ttft.labels(**lab),
                 "itl": self.itl.labels(**lab),
+                "e2e": self.e2e.labels(**lab), "queue": self.queue.labels(**lab),
+                "prefill_time": self.prefill.labels(**lab), "decode_time": self.decode.labels(**lab),
+                "req_prompt": self.req_prompt.labels(**lab), "req_gen": self.req_gen.labels(**lab),
+                "params_n": self.params_n.labels(**lab),
+                "success": {reason: self.success.labels(**lab, finished_reason=reason)
+                            for reason in ("stop", "length", "abort", "error", "repetition")},
+                "sleep": [self.sleep_state.labels(**lab, sleep_state=state)
+                          for state in ("awake", "weights_offloaded", "discard_all")],
+                "work": {name: metric.labels(**lab) for name, metric in self.work.items()},
             })
+        self._sleep_level: list[int | None] = [None] * num_engines  # the level last exported, per engine
 
     def update(self, stats: StepStats, engine: int = 0) -> None:
         lab = self._labels[engine]
         c = self._children[engine]
-        for state, on in (("awake", stats.sleep_level == 0), ("weights_offloaded", stats.sleep_level == 1),
-                          ("discard_all", stats.sleep_level == 2)):
-            self.sleep_state.labels(**lab, sleep_state=state).set(1 if on else 0)
+        if stats.sleep_level != self._sleep_level[engine]:
+            for level, child in enumerate(c["sleep"]):
+                child.set(1 if stats.sleep_level == level else 0)
+            self._sleep_level[engine] = stats.sleep_level
         if stats.estimated_flops:
-            self.work["flops"].labels(**lab).inc(stats.estimated_flops)
-            self.work["read"].labels(**lab).inc(stats.estimated_read_bytes)
-            self.work["write"].labels(**lab).inc(stats.estimated_write_bytes)
+            work = c["work"]
+            work["flops"].inc(stats.estimated_flops)
+            work["read"].inc(stats.estimated_read_bytes)
+            work["write"].inc(stats.estimated_write_bytes)
         if self.spec is not None and stats.spec_drafts:
             self.spec["drafts"].labels(**lab).inc(stats.spec_drafts)
             self.spec["draft_tokens"].labels(**lab).inc(stats.spec_draft_tokens)
@@ -191,27 +203,32 @@ class SimMetrics:
             c["prompt"].inc(stats.prompt_tokens)
         if stats.generation_tokens:
             c["generation"].inc(stats.generation_tokens)
+        if stats.iteration_tokens_first:
+            c["iteration"].observe(stats.iteration_tokens_first)
         if stats.iteration_tokens:
             _observe_many(c["iteration"], stats.iteration_tokens, stats.iteration_tokens_steps)
         for value in stats.ttft:
             c["ttft"].observe(value)
-        for value, count in CountOf(stats.itl).items():
-            _observe_many(c["itl"], value, count)
+        if stats.itl:
+            for value, count in CountOf(stats.itl).items():
+                _observe_many(c["itl"], value, count)
         for value, count in stats.itl_weighted:
             _observe_many(c["itl"], value, count)
         for sim in stats.finished:
-            self.success.labels(**lab, finished_reason=sim.finished_reason or "length").inc()
+            reason = sim.finished_reason or "length"
+            success = c["success"].get(reason)
+            (success or self.success.labels(**lab, finished_reason=reason)).inc()
             end = sim.last_token_at or stats.now
-            self.e2e.labels(**lab).observe(end - sim.arrival)
+            c["e2e"].observe(end - sim.arrival)
             if sim.scheduled_at is not None:
-                self.queue.labels(**lab).observe(sim.scheduled_at - sim.arrival)
+                c["queue"].observe(sim.scheduled_at - sim.arrival)
                 if sim.first_token_at is not None:
-                    self.prefill.labels(**lab).observe(sim.first_token_at - sim.scheduled_at)
-                    self.decode.labels(**lab).observe(end - sim.first_token_at)
-            self.req_prompt.labels(**lab).observe(sim.request.num_prompt_tokens)
-            self.req_gen.labels(**lab).observe(sim.num_output)
+                    c["prefill_time"].observe(sim.first_token_at - sim.scheduled_at)
+                    c["decode_time"].observe(end - sim.first_token_at)
+            c["req_prompt"].observe(sim.request.num_prompt_tokens)
+            c["req_gen"].observe(sim.num_output)
             if sim.parent is None or sim.request.request_id in (sim.parent, f"{sim.parent}-0"):
-                self.params_n.labels(**lab).observe(sim.n)
+                c["params_n"].observe(sim.n)
 
     def reject(self, reason: str) -> None:
         """A request the frontend turned away (no engine label, as in vLLM)."""
