@@ -115,9 +115,15 @@ class BlockPool:
         if num_blocks > self.get_num_free_blocks():
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
         out = []
+        pop = self.free_block_queue._queue.popitem  # the queue's popleft, inlined (the simulator's hot path)
+        cached = self.cached_block_hash_to_block
         for _ in range(num_blocks):
-            block = self.free_block_queue.popleft()
-            self._evict(block)
+            block = pop(last=False)[1]
+            if block.block_hash is not None:  # _evict, inlined
+                if cached.get(block.block_hash) is block:
+                    del cached[block.block_hash]
+                    self.evicted.append(block.block_id)
+                block.block_hash = None
             block.ref_cnt += 1
             out.append(block)
         return out
@@ -228,6 +234,8 @@ class KVCacheManager:
                        new_computed_blocks: Sequence[KVCacheBlock] = ()) -> list[KVCacheBlock] | None:
         """``allocate_slots``: blocks for ``num_new_tokens`` more tokens, or None when the pool
         cannot supply them (the scheduler then preempts or waits)."""
+        if not new_computed_blocks:
+            return self._allocate_more(request, num_new_tokens)
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_required = cdiv(num_computed + num_new_tokens, self.block_size)
@@ -250,13 +258,53 @@ class KVCacheManager:
                 self.num_cached_block[request.request_id] = num_full
         return new_blocks
 
+    def _allocate_more(self, request: Request, num_new_tokens: int) -> list[KVCacheBlock] | None:
+        """:meth:`allocate_slots` without prefix-cache hits (a decode step, a prompt that hit
+        nothing): the same blocks and caching, in fewer steps (the simulator calls it per block)."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid)
+        if blocks is None:
+            blocks = self.req_to_blocks[rid] = []
+        total = request.num_computed_tokens + num_new_tokens
+        bs = self.block_size
+        num_new_blocks = -(-total // bs) - len(blocks)
+        new_blocks: list[KVCacheBlock] = []
+        if num_new_blocks > 0:
+            if num_new_blocks > len(self.block_pool.free_block_queue):
+                if not blocks:
+                    del self.req_to_blocks[rid]
+                return None
+            new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+            blocks.extend(new_blocks)
+        if self.enable_caching:
+            num_full = min(total, len(request.token_ids)) // bs
+            cached = self.num_cached_block.get(rid, 0)
+            if num_full > cached:
+                self.block_pool.cache_full_blocks(blocks, self._hashes(request, num_full), cached, num_full)
+                self.num_cached_block[rid] = num_full
+        return new_blocks
+
+    def cache_computed(self, request: Request) -> None:
+        """Give the request's computed full blocks their hashes now (what ``allocate_slots`` would
+        have done at the step each filled; the simulator's fast-forward allocates only new blocks)."""
+        if not self.enable_caching or request.request_id not in self.req_to_blocks:
+            return
+        num_full = min(request.num_computed_tokens, len(request.token_ids)) // self.block_size
+        cached = self.num_cached_block.get(request.request_id, 0)
+        if num_full > cached:
+            blocks = self.req_to_blocks[request.request_id]
+            self.block_pool.cache_full_blocks(blocks, self._hashes(request, num_full), cached, num_full)
+            self.num_cached_block[request.request_id] = num_full
+
     def _hashes(self, request: Request, num_full_blocks: int) -> list[int]:
         """The request's chained block hashes, extended incrementally as its blocks fill."""
         hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
         bs = self.block_size
-        while len(hashes) < num_full_blocks:
-            i = len(hashes)
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, request.token_ids[i * bs:(i + 1) * bs]))
+        tokens = request.token_ids
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), num_full_blocks):
+            parent = hash((parent, tuple(tokens[i * bs:(i + 1) * bs])))  # hash_block_tokens, inlined
+            hashes.append(parent)
         return hashes
 
     def free(self, request: Request) -> None:

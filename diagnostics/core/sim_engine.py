@@ -15,6 +15,7 @@ and launch overhead. No communication cost for TP beyond splitting weights and K
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections import deque
 from collections.abc import Callable
@@ -95,6 +96,8 @@ class SimRequest:
     finished_reason: str | None = None
     on_token: Callable[[SimRequest], None] | None = None
     lora: str | None = None  # the LoRA adapter the request names
+    lag_from: int | None = None  # kept lazily by fast_forward since this tick (None: its fields are current)
+    admitted: int = 0  # when it joined the running list (its place in it), as a count of admissions
 
 
 @dataclass(slots=True)
@@ -146,6 +149,15 @@ class SimEngine:
         self._spec_rng = random.Random(0)
         self._ids = 0
         self.steps_taken = 0  # engine steps run (the clock's step number)
+        # Fast-forward's lazily advanced batch (see _lazy_add): the decode steps taken together, the
+        # time of the last, and sums over the lazy requests for their KV tokens at any tick.
+        self._tick = 0
+        self._tick_time = 0.0
+        self._lazy_n = self._lazy_computed = self._lazy_from = 0
+        self._finish_at: list[tuple[int, int, SimRequest]] = []
+        self._slot_at: list[tuple[int, int, SimRequest]] = []
+        self._seq = 0
+        self._admissions = 0
         self._next_token = 100_000
         per_token = kv_bytes_per_token(config.model, config.kv_dtype_bytes, config.tensor_parallel_size)
         self._kv_bytes_per_token = per_token
@@ -180,6 +192,10 @@ class SimEngine:
 
     def _queue_stats(self, stats: StepStats) -> None:
         """The gauges at the end of a step, waiting split by reason as ``SchedulerStats`` does."""
+        if not self.config.max_loras:
+            stats.num_running, stats.num_waiting, stats.kv_cache_usage_perc = (
+                len(self.running), len(self.waiting), self.kv.usage)
+            return
         active = {s.lora for s in self.running if s.lora}
         stats.num_running, stats.num_waiting, stats.kv_cache_usage_perc = (
             len(self.running), len(self.waiting), self.kv.usage)
@@ -227,6 +243,7 @@ class SimEngine:
     def step(self) -> StepStats:
         """One scheduler iteration plus the model step; advances the clock by the step's time."""
         cfg = self.config
+        self.sync()
         stats = StepStats(self.now, len(self.running), len(self.waiting), self.kv.usage, sleep_level=self.sleep_level)
         if self.stalled or self.sleep_level:
             return stats
@@ -275,6 +292,8 @@ class SimEngine:
             sim.prefix_looked_up = True
             self.waiting.popleft()
             self.running.append(sim)
+            self._admissions += 1
+            sim.admitted = self._admissions
             if sim.lora:
                 active.add(sim.lora)
             if sim.scheduled_at is None:
@@ -372,6 +391,90 @@ class SimEngine:
             sim.request.token_ids.append(self._next_token)
             self._next_token += 1
 
+    # -- fast-forward: pure decode steps with the batch's progress kept lazily ---------------------
+    #
+    # Between regular steps the running requests are decoders that all advance one token a step. A
+    # fast-forward advances them together: ``self._tick`` counts those steps, and a request's own
+    # fields (computed tokens, outputs, token ids, last token time) are brought up to date only when
+    # something happens to it — a block fills, it finishes, or a regular step, a sleep or an abort
+    # needs every request as it is (:meth:`sync`). Two heaps say when: the step at which a request
+    # needs a slot allocated (its last block fills or it needs a new one) and the step at which it
+    # finishes. A fast-forward costs its events, not its batch size.
+
+    def _lazy_add(self, sim: SimRequest) -> None:
+        req = sim.request
+        sim.lag_from = self._tick
+        self._lazy_n += 1
+        self._lazy_computed += req.num_computed_tokens
+        self._lazy_from += self._tick
+        heapq.heappush(self._finish_at, (self._tick + sim.max_tokens - sim.num_output, self._seq, sim))
+        self._seq += 1
+        self._push_slot(sim)
+
+    def _push_slot(self, sim: SimRequest) -> None:
+        """The step (tick) before which the request needs a new block: when its computed tokens plus
+        the one being decoded pass its slots. (A block that fills is given its hash then, or when
+        the request finishes or is synced: nobody else can look up a running request's output.)"""
+        heapq.heappush(self._slot_at, (self._slot_key(sim), self._seq, sim))
+        self._seq += 1
+
+    def _catch_up(self, sim: SimRequest) -> None:
+        """Bring one lazily advanced request's own fields up to ``self._tick``."""
+        lag_from = sim.lag_from
+        assert lag_from is not None
+        d = self._tick - lag_from
+        if d:
+            req = sim.request
+            req.num_computed_tokens += d
+            sim.num_output += d
+            req.token_ids.extend(range(self._next_token, self._next_token + d))
+            self._next_token += d
+            sim.last_token_at = self._tick_time
+            sim.lag_from = self._tick
+            self._lazy_computed += d
+            self._lazy_from += d
+
+    def sync(self) -> None:
+        """Every running request's fields as they are now (after a fast-forward kept them lazily)."""
+        if not self._lazy_n:
+            return
+        for sim in self.running:
+            self._catch_up(sim)
+            self.kv.cache_computed(sim.request)
+            sim.lag_from = None
+        self._lazy_n = self._lazy_computed = self._lazy_from = 0
+        self._finish_at.clear()
+        self._slot_at.clear()
+
+    def _lazy_context(self, tick: int) -> int:
+        """The KV tokens the lazily advanced requests hold at ``tick``."""
+        return self._lazy_computed + self._lazy_n * tick - self._lazy_from
+
+    def _due(self, heap: list[tuple[int, int, SimRequest]], tick: int, key: Callable[[SimRequest], int]
+             ) -> list[SimRequest]:
+        """The running requests whose event in ``heap`` falls at or before ``tick`` (stale entries —
+        a request no longer running, or re-keyed since — are dropped)."""
+        out: list[SimRequest] = []
+        while heap and heap[0][0] <= tick:
+            at, _, sim = heapq.heappop(heap)
+            if sim.lag_from is not None and sim.finished_reason is None and key(sim) == at and sim not in out:
+                out.append(sim)
+        return out
+
+    def _slot_key(self, sim: SimRequest) -> int:
+        assert sim.lag_from is not None
+        req = sim.request
+        return sim.lag_from + len(self.kv.req_to_blocks[req.request_id]) * self.config.block_size \
+            - req.num_computed_tokens + 1
+
+    def _finish_key(self, sim: SimRequest) -> int:
+        assert sim.lag_from is not None
+        return sim.lag_from + sim.max_tokens - sim.num_output
+
+    def _in_running_order(self, sims: list[SimRequest]) -> list[SimRequest]:
+        """Running order is admission order (requests are only appended to it, and removed)."""
+        return sims if len(sims) < 2 else sorted(sims, key=lambda sim: sim.admitted)
+
     def fast_forward(self, horizon: float, max_steps: int = 512) -> StepStats | None:
         """Several steps at once, when nothing can change the batch in between: every running
         request is decoding; the first step may admit waiting requests whose whole prompts fit its
@@ -389,21 +492,32 @@ class SimEngine:
         if batch > cfg.max_num_batched_tokens:
             return None
         bs = cfg.block_size
-        held = self.kv.req_to_blocks
-        context = 0
-        cross = 0  # decoders that need a slot allocated in the first step (a block fills or a new one starts)
-        k = max_steps
-        for sim in running:
-            req = sim.request
-            computed = req.num_computed_tokens
-            if sim.first_token_at is None or len(req.token_ids) - computed != 1:
-                return None
-            context += computed
-            if computed + 1 >= len(held[req.request_id]) * bs:
-                cross += 1
-            k = min(k, sim.max_tokens - sim.num_output)
-        free = self.kv.block_pool.get_num_free_blocks() - cross
+        tick0 = self._tick
+        gaps: dict[float, int] | None = None  # step 1's token gaps, when not every request emitted at self.now
+        if self.waiting and batch < cfg.max_num_seqs:
+            head = self.waiting[0]
+            tokens = len(head.request.token_ids)
+            if -(-tokens // bs) > self.kv.block_pool.get_num_free_blocks() \
+                    or tokens > cfg.max_num_batched_tokens - batch:
+                return None  # the next request waits for blocks or is split: the regular step decides
+        if self._lazy_n != batch:
+            # After a regular step: check every request decodes, then keep them lazily.
+            self.sync()
+            for sim in running:
+                req = sim.request
+                if sim.first_token_at is None or len(req.token_ids) - req.num_computed_tokens != 1 \
+                        or sim.on_token is not None:
+                    return None
+            gaps = {}
+            for sim in running:
+                self._lazy_add(sim)
+                if sim.last_token_at is not None:
+                    gaps[sim.last_token_at] = gaps.get(sim.last_token_at, 0) + 1
+        cross = self._due(self._slot_at, tick0 + 1, self._slot_key)  # need a slot in step 1
+        k = min(max_steps, self._finish_at[0][0] - tick0) if self._finish_at else max_steps
+        free = self.kv.block_pool.get_num_free_blocks() - len(cross)
         admit: list[SimRequest] = []
+        bail = False
         if self.waiting and batch < cfg.max_num_seqs:
             budget = cfg.max_num_batched_tokens - batch
             for sim in self.waiting:
@@ -413,31 +527,40 @@ class SimEngine:
                 tokens = len(req.token_ids)
                 need = -(-tokens // bs)
                 # A prompt the budget would split, or one the blocks might not hold even without a
-                # prefix hit, or a LoRA adapter: the regular step decides.
-                if sim.lora or sim.prefix_looked_up or req.num_computed_tokens or tokens > budget or need > free:
-                    return None
+                # prefix hit, a LoRA adapter or a streaming waiter: the regular step decides.
+                if sim.lora or sim.on_token is not None or sim.prefix_looked_up or req.num_computed_tokens \
+                        or tokens > budget or need > free:
+                    bail = True
+                    break
                 admit.append(sim)
                 budget -= tokens
                 free -= need
                 k = min(k, sim.max_tokens)
             if len(admit) < len(self.waiting) and batch + len(admit) < cfg.max_num_seqs:
-                return None  # the next step would admit more
-        if k < 2:
-            return None
-        # Blocks for steps 2..k, counted as if no prompt hit the prefix cache (hits only need fewer).
-        more = sum(max(0, -(-(sim.request.num_computed_tokens + k) // bs)
-                       - max(len(held[sim.request.request_id]), -(-(sim.request.num_computed_tokens + 1) // bs)))
-                   for sim in running)
-        more += sum(-(-(len(sim.request.token_ids) + k - 1) // bs) - -(-len(sim.request.token_ids) // bs)
-                    for sim in admit)
-        if more > free:
+                bail = True  # the next step would admit more
+        # Blocks for steps 2..k: each request needs at most one per block_size steps, plus one; when
+        # that many are not free (a cache under pressure), count the ones really due and stop short
+        # of the first step whose block is not there.
+        size = batch + len(admit)
+        if not bail and k >= 1 and size * (-(-k // bs) + 1) > free:
+            k = min(k, bs)
+            due = sorted(at for at, _, sim in self._slot_at if tick0 + 1 < at <= tick0 + k
+                         and sim.lag_from is not None and sim.finished_reason is None and self._slot_key(sim) == at)
+            room = free - len(admit)  # an admitted prompt needs at most one more block in block_size steps
+            if len(due) > room:
+                k = due[room] - tick0 - 1 if room >= 0 else 0
+        if bail or k < 1 or size * (-(-k // bs) + 1) > free and k > bs:
+            for sim in cross:  # not handled here: keep their events for the regular step's sync
+                heapq.heappush(self._slot_at, (self._slot_key(sim), self._seq, sim))
+                self._seq += 1
             return None
         stats = StepStats(self.now, batch, len(self.waiting), self.kv.usage)
         # Step 1, as step() schedules it: the decoders' slots in running order, then the admissions.
-        for sim in running:
-            req = sim.request
-            if req.num_computed_tokens + 1 >= len(held[req.request_id]) * bs:
-                self.kv.allocate_slots(req, 1)
+        for sim in self._in_running_order(cross):
+            self._catch_up(sim)
+            self.kv.allocate_slots(sim.request, 1)
+            self._push_slot(sim)
+        context = self._lazy_context(tick0)
         prefill = 0
         first_tokens = batch
         for sim in admit:
@@ -453,6 +576,8 @@ class SimEngine:
             sim.prefix_looked_up = True
             self.waiting.popleft()
             running.append(sim)
+            self._admissions += 1
+            sim.admitted = self._admissions
             if sim.scheduled_at is None:
                 sim.scheduled_at = self.now
             context += hit
@@ -460,27 +585,26 @@ class SimEngine:
             if hit < req.num_prompt_tokens:
                 prefill += num_new
                 stats.prompt_tokens += min(num_new, req.num_prompt_tokens)
-        size = len(running)
         t = self.now + self.step_seconds(prefill, size, context)
         work = list(self.work(prefill, size, context))
-        # Step 1's tokens: every decoder's next one, every admitted prompt's first.
-        itl: dict[float, int] = {}
-        for sim in running:
+        # Step 1's tokens: every decoder's next one (one tick), every admitted prompt's first.
+        if gaps is None:
+            stats.itl_weighted = [(t - self.now, batch)]
+        else:
+            stats.itl_weighted = [(t - last, n) for last, n in gaps.items()]
+        self._tick = tick0 + 1
+        self._tick_time = t
+        for sim in admit:
             req = sim.request
             req.num_computed_tokens = len(req.token_ids)
-            sim.num_output += 1
-            if sim.first_token_at is None:
-                sim.first_token_at = t
-                stats.ttft.append(t - sim.arrival)
-            elif sim.last_token_at is not None:
-                gap = t - sim.last_token_at
-                itl[gap] = itl.get(gap, 0) + 1
-            sim.last_token_at = t
+            sim.num_output = 1
+            sim.first_token_at = sim.last_token_at = t
+            stats.ttft.append(t - sim.arrival)
             req.token_ids.append(self._next_token)
             self._next_token += 1
-        stats.itl_weighted = list(itl.items())
-        context = sum(sim.request.num_computed_tokens for sim in running)
+            self._lazy_add(sim)
         # Steps 2..k: pure decode of the whole batch.
+        context = self._lazy_context(self._tick)
         times: list[float] = []
         for i in range(k - 1):
             step = self.step_seconds(0, size, context + i * size, ahead=1 + i)
@@ -492,24 +616,26 @@ class SimEngine:
                 work[j] += amount
         rest = len(times)
         self.steps_taken += 1 + rest
-        for sim in list(running):
+        if rest:
+            for sim in self._in_running_order(self._due(self._slot_at, self._tick + rest, self._slot_key)):
+                self._catch_up(sim)
+                self.kv.allocate_slots(sim.request, rest)
+                self._push_slot(sim)
+            self._tick += rest
+            self._tick_time = t
+        for sim in self._in_running_order(self._due(self._finish_at, self._tick, self._finish_key)):
+            self._catch_up(sim)
             req = sim.request
-            if rest:
-                if req.num_computed_tokens + rest > len(held[req.request_id]) * bs - 1:
-                    self.kv.allocate_slots(req, rest)
-                req.num_computed_tokens += rest
-                sim.num_output += rest
-                req.token_ids.extend(range(self._next_token, self._next_token + rest))
-                self._next_token += rest
-                sim.last_token_at = t
-            if sim.on_token is not None:
-                sim.on_token(sim)
-            if sim.num_output >= sim.max_tokens:
-                sim.finished_reason = "length"
-                req.token_ids.pop()  # the last token is never fed back
-                self.kv.free(req)
-                running.remove(sim)
-                stats.finished.append(sim)
+            self.kv.cache_computed(req)
+            sim.finished_reason = "length"
+            req.token_ids.pop()  # the last token is never fed back
+            self.kv.free(req)
+            running.remove(sim)
+            sim.lag_from = None
+            self._lazy_n -= 1
+            self._lazy_computed -= req.num_computed_tokens
+            self._lazy_from -= self._tick
+            stats.finished.append(sim)
         self.now = t
         stats.generation_tokens = size * (1 + rest)
         if admit:
@@ -533,6 +659,7 @@ class SimEngine:
     def sleep(self, level: int = 1) -> None:
         """``POST /sleep?level=N`` with the default mode "abort": requests in flight are aborted, the
         KV cache is dropped, and nothing is scheduled until woken (``EngineCore.sleep``)."""
+        self.sync()
         for sim in list(self.running):
             sim.finished_reason = "abort"
             if sim.on_token is not None:
@@ -543,6 +670,7 @@ class SimEngine:
 
     def abort_all(self) -> None:
         """Drop every in-flight request (a scenario switch), telling their waiters."""
+        self.sync()
         for sim in [*self.running, *self.waiting]:
             sim.finished_reason = "abort"
             if sim.on_token is not None:

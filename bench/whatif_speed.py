@@ -1,0 +1,52 @@
+"""What-if speed: a 15-minute window of a simulated incident (scraped every 5 s, as the app keeps
+it), then the baseline replay once and each candidate change (the issue's goal: at most 3 s a
+candidate). Prints numbers; asserts nothing.
+
+    .venv/bin/python bench/whatif_speed.py [--minutes 15] [--scenario kv_pressure]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from diagnostics.core import whatif  # noqa: E402
+from diagnostics.core.catalog import parse_snapshot  # noqa: E402
+from diagnostics.core.derive import Scrape  # noqa: E402
+from diagnostics.sim.driver import Simulation  # noqa: E402
+
+CANDIDATES = {
+    "kv_pressure": [{"--num-gpu-blocks-override": "1200"}, {"--max-num-seqs": "64"}],
+    "queue_at_cap": [{"--max-num-seqs": "64"}, {"--max-num-batched-tokens": "1024"}],
+    "head_of_line": [{"--max-num-batched-tokens": "512"}, {"--max-num-seqs": "16"}],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes", type=float, default=15.0)
+    parser.add_argument("--scenario", action="append", choices=sorted(CANDIDATES))
+    args = parser.parse_args()
+    for name in args.scenario or sorted(CANDIDATES):
+        sim = Simulation(name)
+        start = time.perf_counter()
+        window = [Scrape(ts, parse_snapshot(text)) for ts, text in sim.run_for(args.minutes * 60, scrape_every=5.0)]
+        made = time.perf_counter() - start
+        start = time.perf_counter()
+        base = whatif.baseline(window, {})
+        baseline_s = time.perf_counter() - start
+        per = []
+        for change in CANDIDATES[name]:
+            start = time.perf_counter()
+            base.predict(change)
+            per.append(time.perf_counter() - start)
+        print(f"{name}: {args.minutes:.0f}-minute window simulated in {made:.1f} s; baseline replay {baseline_s:.2f} s; "
+              f"per candidate {', '.join(f'{s:.2f} s' for s in per)} ({len(base.workload.requests):,} requests)")
+
+
+if __name__ == "__main__":
+    main()
