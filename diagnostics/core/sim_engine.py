@@ -279,16 +279,18 @@ class SimEngine:
                 continue
             req = sim.request
             computed: list = []
+            hit = req.num_computed_tokens
             if not sim.prefix_looked_up:
                 computed, hit = self.kv.get_computed_blocks(req)
                 if sim.num_preemptions == 0:
                     stats.prefix_queries += req.num_tokens
                     stats.prefix_hits += hit
-                req.num_computed_tokens = hit
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = min(req.num_tokens - hit, budget)
+            # vLLM's order: allocate_slots counts the hit blocks on top of the request's computed
+            # tokens, which become the hit only once the slots are there.
             if self.kv.allocate_slots(req, num_new, computed) is None:
-                req.num_computed_tokens = 0
                 break
+            req.num_computed_tokens = hit
             sim.prefix_looked_up = True
             self.waiting.popleft()
             self.running.append(sim)
@@ -527,9 +529,10 @@ class SimEngine:
                 tokens = len(req.token_ids)
                 need = -(-tokens // bs)
                 # A prompt the budget would split, or one the blocks might not hold even without a
-                # prefix hit, a LoRA adapter or a streaming waiter: the regular step decides.
+                # prefix hit, a LoRA adapter, a streaming waiter, or a preempted request coming back
+                # (its recompute continues its outputs): the regular step decides.
                 if sim.lora or sim.on_token is not None or sim.prefix_looked_up or req.num_computed_tokens \
-                        or tokens > budget or need > free:
+                        or sim.num_output or sim.first_token_at is not None or tokens > budget or need > free:
                     bail = True
                     break
                 admit.append(sim)
@@ -569,10 +572,10 @@ class SimEngine:
             if sim.num_preemptions == 0:
                 stats.prefix_queries += req.num_tokens
                 stats.prefix_hits += hit
-            req.num_computed_tokens = hit
             num_new = len(req.token_ids) - hit
             allocated = self.kv.allocate_slots(req, num_new, computed_blocks)
             assert allocated is not None, "fast_forward admitted a request the blocks cannot hold"
+            req.num_computed_tokens = hit
             sim.prefix_looked_up = True
             self.waiting.popleft()
             running.append(sim)

@@ -184,3 +184,33 @@ def test_a_full_cache_preempts_the_most_recently_admitted_request_by_recompute()
         assert victim.request.num_computed_tokens == 0 and victim.num_preemptions == 1
         assert engine.kv.get_block_ids(victim.request.request_id) == []
     assert len(engine.kv.get_block_ids(first.request.request_id)) == 2
+
+
+def test_a_prefix_hit_allocates_only_the_blocks_past_the_hit() -> None:
+    """vLLM's allocate_slots counts the hit blocks on top of the request's computed tokens (0 while it
+    waits; the scheduler sets them to the hit afterwards): a second 32-token prompt that hits the
+    first block of the first one holds 2 blocks (1 shared + 1 new), not 3."""
+    engine = SimEngine(EngineConfig(block_size=16, num_gpu_blocks=40, max_num_batched_tokens=512))
+    engine.add_request(list(range(1000, 1032)), 5)
+    engine.step()
+    second = engine.add_request(list(range(1000, 1032)), 5)[0]
+    engine.step()
+    assert second.request.num_computed_tokens == 32
+    assert len(engine.kv.req_to_blocks[second.request.request_id]) == 2
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_preempted_request_comes_back_with_its_outputs_and_one_first_token(fast: bool) -> None:
+    """A preempted request recomputes its prompt and outputs and continues: one TTFT per request,
+    every request ends with exactly its max_tokens, stepping or fast-forwarding."""
+    engine = SimEngine(EngineConfig(block_size=4, num_gpu_blocks=6, max_num_seqs=3, max_num_batched_tokens=64))
+    reqs = [engine.add_request(list(range(start, start + plen)), mt)[0]
+            for start, plen, mt in ((1000, 4, 14), (2000, 6, 4), (3000, 7, 5))]
+    ttft = generated = preempted = 0
+    while not engine.idle():
+        stats = (engine.fast_forward(float("inf")) if fast else None) or engine.step()
+        ttft += len(stats.ttft)
+        generated += stats.generation_tokens
+        preempted += stats.num_preemptions
+    assert preempted > 0 and ttft == 3 and generated == 14 + 4 + 5
+    assert [r.num_output for r in reqs] == [14, 4, 5]

