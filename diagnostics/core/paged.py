@@ -217,18 +217,35 @@ class KVCacheManager:
         prompt token is always recomputed, so a fully cached prompt hits one token short."""
         if not self.enable_caching:
             return [], 0
-        hashes = self._hashes(request, request.num_tokens // self.block_size)
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        computed: list[KVCacheBlock] = []
-        for block_hash in hashes[:max_hit_blocks]:
-            block = self.block_pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            computed.append(block)
-        num_computed_tokens = len(computed) * self.block_size
+        computed, num_computed_tokens = self.find_computed_blocks(request)
         self.prefix_cache_stats.queries += request.num_tokens
         self.prefix_cache_stats.hits += num_computed_tokens
         return computed, num_computed_tokens
+
+    def find_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """:meth:`get_computed_blocks` without counting the lookup in the prefix-cache stats."""
+        if not self.enable_caching:
+            return [], 0
+        hashes = self._hashes(request, request.num_tokens // self.block_size)
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        computed: list[KVCacheBlock] = []
+        cached = self.block_pool.cached_block_hash_to_block
+        for block_hash in hashes[:max_hit_blocks]:
+            block = cached.get(block_hash)
+            if block is None:
+                break
+            computed.append(block)
+        return computed, len(computed) * self.block_size
+
+    def can_allocate(self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVCacheBlock] = (),
+                     free_blocks: int | None = None) -> bool:
+        """Whether :meth:`allocate_slots` would succeed (with ``free_blocks`` free, default: now)."""
+        blocks = self.req_to_blocks.get(request.request_id, ())
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_new_blocks = cdiv(num_computed + num_new_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
+        num_evictable_computed = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        free = self.block_pool.get_num_free_blocks() if free_blocks is None else free_blocks
+        return num_new_blocks <= free - num_evictable_computed
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = ()) -> list[KVCacheBlock] | None:

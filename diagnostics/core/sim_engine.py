@@ -15,6 +15,7 @@ and launch overhead. No communication cost for TP beyond splitting weights and K
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 from collections import deque
@@ -477,6 +478,40 @@ class SimEngine:
         """Running order is admission order (requests are only appended to it, and removed)."""
         return sims if len(sims) < 2 else sorted(sims, key=lambda sim: sim.admitted)
 
+    def _blocked_hits(self, head: SimRequest, due: list[SimRequest], rest: int) -> int:
+        """The prefix-cache hits a blocked head's lookups find in step 1 (its decoders' blocks already
+        taken) and in each of the ``rest`` steps after it, whose decoders take their new blocks from
+        the head of the free queue: a hit block waiting there is evicted when its turn comes, and the
+        hit then ends before it."""
+        chain, hit = self.kv.find_computed_blocks(head.request)
+        if not rest or not hit:
+            return hit * (1 + rest)
+        bs = self.config.block_size
+        evictable = {id(block): i for i, block in enumerate(chain) if block.ref_cnt == 0}
+        if not evictable:
+            return hit * (1 + rest)
+        # The ticks at which the decoders take a block: each due one at its slot tick, then every block_size.
+        end = self._tick + rest
+        pops = sorted(tick for sim in due for tick in range(self._slot_key(sim), end + 1, bs))
+        # Where each hit block sits in the free queue: the first len(pops) leave it, in order.
+        first_lost = len(chain)  # the chain's hit is cut at its earliest evicted block
+        cut_at: list[tuple[int, int]] = []  # (pop number that evicts it, chain index)
+        for n, block_id in enumerate(self.kv.block_pool.free_block_queue._queue):
+            if n >= len(pops):
+                break
+            index = evictable.get(id(self.kv.block_pool.blocks[block_id]))
+            if index is not None:
+                cut_at.append((n, index))
+        total = 0
+        ci = 0
+        for tick in range(self._tick + 1, end + 1):
+            taken = bisect.bisect_right(pops, tick)  # blocks taken by this step's allocations and those before
+            while ci < len(cut_at) and cut_at[ci][0] < taken:
+                first_lost = min(first_lost, cut_at[ci][1])
+                ci += 1
+            total += first_lost * bs
+        return hit + total
+
     def fast_forward(self, horizon: float, max_steps: int = 512) -> StepStats | None:
         """Several steps at once, when nothing can change the batch in between: every running
         request is decoding; the first step may admit waiting requests whose whole prompts fit its
@@ -496,12 +531,29 @@ class SimEngine:
         bs = cfg.block_size
         tick0 = self._tick
         gaps: dict[float, int] | None = None  # step 1's token gaps, when not every request emitted at self.now
+        # The head of the waiting queue when no step before the next finish can admit it (nor, behind
+        # it, anyone): its blocks are not free now, and decode only takes more. Each step still looks
+        # it up in the prefix cache, as vLLM's scheduler does (counted below as the steps would).
+        blocked: tuple[int, bool] | None = None  # (tokens looked up each step, counted in the step's stats)
         if self.waiting and batch < cfg.max_num_seqs:
             head = self.waiting[0]
-            tokens = len(head.request.token_ids)
-            if -(-tokens // bs) > self.kv.block_pool.get_num_free_blocks() \
-                    or tokens > cfg.max_num_batched_tokens - batch:
-                return None  # the next request waits for blocks or is split: the regular step decides
+            hreq = head.request
+            tokens = len(hreq.token_ids)
+            budget = cfg.max_num_batched_tokens - batch
+            if head.lora and cfg.max_loras or head.prefix_looked_up:
+                return None
+            if budget <= 0:
+                blocked = (0, 0, False)  # no token budget left for anyone waiting: nothing is looked up
+            elif -(-tokens // bs) > self.kv.block_pool.get_num_free_blocks() or tokens > budget:
+                hit_blocks, hit = self.kv.find_computed_blocks(hreq)
+                if self.kv.can_allocate(hreq, min(tokens - hit, budget), hit_blocks):
+                    return None  # the next request is admitted (in part, for a prompt the budget splits)
+                # Blocks it hits that sit in the free queue count against the free ones (so losing them
+                # to the decoders' new blocks never unblocks it) unless losing hits makes the budget
+                # split its prompt: then the regular step decides.
+                if tokens > budget and any(block.ref_cnt == 0 for block in hit_blocks):
+                    return None
+                blocked = (tokens, head.num_preemptions == 0)
         if self._lazy_n != batch:
             # After a regular step: check every request decodes, then keep them lazily.
             self.sync()
@@ -520,7 +572,7 @@ class SimEngine:
         free = self.kv.block_pool.get_num_free_blocks() - len(cross)
         admit: list[SimRequest] = []
         bail = False
-        if self.waiting and batch < cfg.max_num_seqs:
+        if self.waiting and batch < cfg.max_num_seqs and blocked is None:
             budget = cfg.max_num_batched_tokens - batch
             for sim in self.waiting:
                 if batch + len(admit) >= cfg.max_num_seqs or budget <= 0:
@@ -619,8 +671,18 @@ class SimEngine:
                 work[j] += amount
         rest = len(times)
         self.steps_taken += 1 + rest
+        due = self._in_running_order(self._due(self._slot_at, self._tick + rest, self._slot_key)) if rest else []
+        if blocked is not None and blocked[0]:
+            looked, counted = blocked
+            hits = self._blocked_hits(self.waiting[0], due, rest)
+            if self.kv.enable_caching:
+                self.kv.prefix_cache_stats.queries += looked * (1 + rest)
+                self.kv.prefix_cache_stats.hits += hits
+            if counted:
+                stats.prefix_queries += looked * (1 + rest)
+                stats.prefix_hits += hits
         if rest:
-            for sim in self._in_running_order(self._due(self._slot_at, self._tick + rest, self._slot_key)):
+            for sim in due:
                 self._catch_up(sim)
                 self.kv.allocate_slots(sim.request, rest)
                 self._push_slot(sim)

@@ -167,6 +167,69 @@ def test_fast_forward_through_admissions_equals_stepping_one_by_one(blocks: int,
     assert slow["generated"] > 5000 and slow["hits"] > 0
 
 
+def _overloaded_run(fast: bool, blocks: int, budget: int, seconds: float = 40.0) -> dict[str, object]:
+    """Open arrivals faster than the cache serves them: a queue that never drains, its head waiting for
+    blocks while the batch decodes, preemptions, and prompts that share one of three system prompts
+    (so the head often hits blocks that sit in the free queue, which the decoders then evict)."""
+    import random
+
+    rng = random.Random(11)
+    engine = SimEngine(EngineConfig(num_gpu_blocks=blocks, max_num_seqs=32, max_num_batched_tokens=budget))
+    systems = [list(range(800_000 + 1000 * i, 800_000 + 1000 * i + 48 + 16 * i)) for i in range(3)]
+    arrivals = sorted(rng.uniform(0, seconds) for _ in range(int(seconds * 40)))
+    out: dict[str, object] = {"ttft": [], "itl": [], "iteration": [], "finished": [], "blocked_segments": 0}
+    sums = dict.fromkeys(("prompt", "generated", "preempted", "hits", "queries"), 0)
+    i = 0
+    while engine.now < seconds:
+        while i < len(arrivals) and arrivals[i] <= engine.now:
+            base = rng.randrange(1 << 30)
+            engine.add_request(rng.choice(systems) + list(range(base, base + rng.randint(5, 150))), rng.randint(5, 120))
+            i += 1
+        if engine.idle():
+            engine.advance_idle(arrivals[i])
+            continue
+        horizon = min(arrivals[i], seconds) if i < len(arrivals) else seconds
+        stats = (engine.fast_forward(horizon) if fast else None) or engine.step()
+        engine.kv.check_invariants()
+        out["ttft"] += [round(v, 9) for v in stats.ttft]  # type: ignore[operator]
+        out["itl"] += [(round(v, 9), 1) for v in stats.itl] + [(round(v, 9), n) for v, n in stats.itl_weighted]
+        if stats.iteration_tokens_first:
+            out["iteration"].append((stats.iteration_tokens_first, 1))  # type: ignore[attr-defined]
+        if stats.iteration_tokens:
+            out["iteration"].append((stats.iteration_tokens, stats.iteration_tokens_steps))  # type: ignore[attr-defined]
+        out["finished"] += [(s.request.request_id, round(s.last_token_at or 0, 9), s.num_output)  # type: ignore[operator]
+                            for s in stats.finished]
+        if stats.iteration_tokens_steps > 1 and stats.num_waiting:
+            out["blocked_segments"] += 1  # type: ignore[operator]
+        for key, value in (("prompt", stats.prompt_tokens), ("generated", stats.generation_tokens),
+                           ("preempted", stats.num_preemptions), ("hits", stats.prefix_hits),
+                           ("queries", stats.prefix_queries)):
+            sums[key] += value
+
+    def expand(pairs: object) -> list[object]:
+        return sorted(v for v, n in pairs for _ in range(n))  # type: ignore[attr-defined]
+
+    return {"now": round(engine.now, 6), "ttft": sorted(out["ttft"]), "itl": expand(out["itl"]),  # type: ignore[arg-type]
+            "iteration": expand(out["iteration"]), "finished": sorted(out["finished"]), **sums,  # type: ignore[arg-type]
+            "kv_queries": engine.kv.prefix_cache_stats.queries, "kv_hits": engine.kv.prefix_cache_stats.hits,
+            "free": engine.kv.block_pool.get_num_free_blocks(), "waiting": len(engine.waiting),
+            "blocked_segments": out["blocked_segments"]}
+
+
+@pytest.mark.parametrize(("blocks", "budget"), [(90, 512), (160, 512), (90, 128)])
+def test_fast_forward_past_a_queue_waiting_for_blocks_equals_stepping_one_by_one(blocks: int, budget: int) -> None:
+    """Under KV pressure the head of the queue waits for blocks while the batch decodes (the KV-pressure
+    what-if spends most of its steps there): fast-forwarding those steps gives every observation that
+    stepping one at a time gives, including the head's prefix-cache lookups each step, whose hits
+    shrink as the decoders evict the free blocks it would have reused."""
+    slow, fast = _overloaded_run(False, blocks, budget), _overloaded_run(True, blocks, budget)
+    assert slow["blocked_segments"] == 0 and fast["blocked_segments"] > 50  # the path under test ran
+    for key in slow:
+        if key != "blocked_segments":
+            assert fast[key] == slow[key], key
+    assert slow["preempted"] > 20 and slow["waiting"] > 50 and 0 < slow["hits"] < slow["queries"]
+
+
 def test_a_full_cache_preempts_the_most_recently_admitted_request_by_recompute() -> None:
     """vLLM v1's ``Scheduler.schedule``: when a running request cannot get a block, the last one in
     the running list (the latest admitted) is preempted, freed and put back at the front of the
