@@ -72,7 +72,7 @@ class FreeKVCacheBlockQueue:
 class BlockPool:
     """``vllm/v1/core/block_pool.py::BlockPool``."""
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True, record_evictions: bool = True) -> None:
         if num_gpu_blocks < 2:
             raise ValueError("need at least 2 blocks (one is the null block)")
         self.num_gpu_blocks = num_gpu_blocks
@@ -83,7 +83,10 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
-        self.evicted: list[int] = []  # block ids whose cached content was evicted, in order
+        # Block ids whose cached content was evicted, in order (for the teaching page; a long
+        # simulation does not keep them).
+        self.evicted: list[int] = []
+        self.record_evictions = record_evictions
 
     def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
         """``get_cached_block``: the block holding this content, if still cached."""
@@ -107,7 +110,8 @@ class BlockPool:
             return
         if self.cached_block_hash_to_block.get(block.block_hash) is block:
             del self.cached_block_hash_to_block[block.block_hash]
-            self.evicted.append(block.block_id)
+            if self.record_evictions:
+                self.evicted.append(block.block_id)
         block.block_hash = None
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -117,12 +121,15 @@ class BlockPool:
         out = []
         pop = self.free_block_queue._queue.popitem  # the queue's popleft, inlined (the simulator's hot path)
         cached = self.cached_block_hash_to_block
+        record = self.evicted.append if self.record_evictions else None
         for _ in range(num_blocks):
             block = pop(last=False)[1]
-            if block.block_hash is not None:  # _evict, inlined
-                if cached.get(block.block_hash) is block:
-                    del cached[block.block_hash]
-                    self.evicted.append(block.block_id)
+            block_hash = block.block_hash
+            if block_hash is not None:  # _evict, inlined
+                if cached.get(block_hash) is block:
+                    del cached[block_hash]
+                    if record is not None:
+                        record(block.block_id)
                 block.block_hash = None
             block.ref_cnt += 1
             out.append(block)
@@ -140,14 +147,17 @@ class BlockPool:
         tail first). Since vLLM 0.2x, blocks with no hash are reused first (prepended: LIFO, for
         locality) while cached blocks go to the tail (FIFO, which makes eviction LRU)."""
         evict_first: list[KVCacheBlock] = []
-        evict_last: list[KVCacheBlock] = []
+        queue = self.free_block_queue._queue
+        caching = self.enable_caching
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0 and not block.is_null:
-                (evict_first if block.block_hash is None or not self.enable_caching else evict_last).append(block)
-        self.free_block_queue.prepend_n(evict_first)
-        for block in evict_last:
-            self.free_block_queue.append(block)
+                if block.block_hash is None or not caching:
+                    evict_first.append(block)
+                else:
+                    queue[block.block_id] = block  # the tail: evicted last
+        if evict_first:
+            self.free_block_queue.prepend_n(evict_first)
 
     def get_num_free_blocks(self) -> int:
         return len(self.free_block_queue)
@@ -203,10 +213,11 @@ class PrefixCacheStats:
 class KVCacheManager:
     """``vllm/v1/core/kv_cache_manager.py::KVCacheManager`` for one full-attention group."""
 
-    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
+                 record_evictions: bool = True) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, record_evictions)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.req_to_block_hashes: dict[str, list[int]] = {}  # vLLM keeps these on the Request
@@ -287,12 +298,21 @@ class KVCacheManager:
         num_new_blocks = -(-total // bs) - len(blocks)
         new_blocks: list[KVCacheBlock] = []
         if num_new_blocks > 0:
-            if num_new_blocks > len(self.block_pool.free_block_queue):
+            pool = self.block_pool
+            if num_new_blocks > len(pool.free_block_queue._queue):
                 if not blocks:
                     del self.req_to_blocks[rid]
                 return None
-            new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
-            blocks.extend(new_blocks)
+            if num_new_blocks == 1:  # a decoder's next block: get_new_blocks(1), inlined
+                block = pool.free_block_queue._queue.popitem(last=False)[1]
+                if block.block_hash is not None:
+                    pool._evict(block)
+                block.ref_cnt += 1
+                new_blocks = [block]
+                blocks.append(block)
+            else:
+                new_blocks = pool.get_new_blocks(num_new_blocks)
+                blocks.extend(new_blocks)
         if self.enable_caching:
             num_full = min(total, len(request.token_ids)) // bs
             cached = self.num_cached_block.get(rid, 0)

@@ -140,7 +140,8 @@ class SimEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.num_gpu_blocks = config.resolved_num_gpu_blocks()
-        self.kv = KVCacheManager(self.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(self.num_gpu_blocks, config.block_size, config.enable_prefix_caching,
+                                 record_evictions=False)
         self.now = 0.0
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -175,8 +176,8 @@ class SimEngine:
         out = []
         for i in range(n):
             rid = parent if n == 1 else f"{parent}-{i}"
-            sim = SimRequest(Request(rid, list(prompt)), max_tokens, self.now, n=n, parent=parent, on_token=on_token,
-                             lora=lora)
+            sim = SimRequest(Request(rid, prompt if n == 1 else list(prompt)), max_tokens, self.now, n=n, parent=parent,
+                             on_token=on_token, lora=lora)
             self.waiting.append(sim)
             out.append(sim)
         return out
@@ -512,13 +513,21 @@ class SimEngine:
             total += first_lost * bs
         return hit + total
 
-    def fast_forward(self, horizon: float, max_steps: int = 512) -> StepStats | None:
+    def fast_forward(self, horizon: float, max_steps: int = 512, next_arrival: float = float("inf"),
+                     arrive: Callable[[], float] | None = None) -> StepStats | None:
         """Several steps at once, when nothing can change the batch in between: every running
         request is decoding; the first step may admit waiting requests whose whole prompts fit its
         token budget and the free blocks (a closed loop's replacement for a finished request), after
         which nobody else could be admitted (none waiting, or running at max_num_seqs); the blocks
         for all k steps are free now. k stops at the first request to finish and before ``horizon``.
         Returns None when a regular :meth:`step` is needed.
+
+        Open arrivals: the next request arrives at ``next_arrival``. When nobody could be admitted
+        before the next finish anyway (the batch at max_num_seqs, or the queue's head waiting for
+        blocks), the steps go on past it and ``arrive()`` is called at the end of the step it
+        arrived in (with ``self.now`` that step's end, as a caller adding it between steps would
+        have it); it adds the request and returns the next arrival time. Otherwise the steps stop
+        with the one it arrives in, for the caller to add it.
 
         Equivalent to k calls of :meth:`step` (same tokens, blocks, times and observations)."""
         cfg = self.config
@@ -658,18 +667,32 @@ class SimEngine:
             req.token_ids.append(self._next_token)
             self._next_token += 1
             self._lazy_add(sim)
-        # Steps 2..k: pure decode of the whole batch.
+        # Steps 2..k: pure decode of the whole batch; arrivals join the queue's tail when they could
+        # not be admitted before the next finish anyway.
+        late = arrive is not None and (blocked is not None or size >= cfg.max_num_seqs)
+        if late:
+            while next_arrival <= t:
+                self.now = t
+                next_arrival = arrive()  # type: ignore[misc]
         context = self._lazy_context(self._tick)
         times: list[float] = []
         for i in range(k - 1):
+            if not late and t >= next_arrival:
+                break  # the request that arrived in the last step may be admitted in the next
             step = self.step_seconds(0, size, context + i * size, ahead=1 + i)
             if t + step > horizon:
                 break
             t += step
             times.append(step)
-            for j, amount in enumerate(self.work(0, size, context + i * size)):
-                work[j] += amount
+            while late and next_arrival <= t:
+                self.now = t
+                next_arrival = arrive()  # type: ignore[misc]
         rest = len(times)
+        if rest:  # the work of steps 2..k: each reads the weights and a context `size` tokens longer
+            flops, read, written = self.work(0, size, context)
+            work[0] += flops * rest
+            work[1] += read * rest + size * rest * (rest - 1) // 2 * self._kv_bytes_per_token
+            work[2] += written * rest
         self.steps_taken += 1 + rest
         due = self._in_running_order(self._due(self._slot_at, self._tick + rest, self._slot_key)) if rest else []
         if blocked is not None and blocked[0]:

@@ -743,6 +743,13 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
         itl.extend(stats.itl_weighted)
         ttft.extend((v + calibration.ttft_offset, 1) for v in stats.ttft)
 
+    def arrive() -> float:
+        """The next request of the trace arrives (while the engine fast-forwards past it)."""
+        nonlocal i
+        run.submit(*pending[i][1])
+        i += 1
+        return pending[i][0] if i < len(pending) else math.inf
+
     while engine.now < horizon:
         while i < len(pending) and pending[i][0] <= engine.now:
             run.submit(*pending[i][1])
@@ -752,8 +759,8 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
                 break
             engine.advance_idle(pending[i][0])
             continue
-        nxt = pending[i][0] if i < len(pending) else horizon
-        stats = engine.fast_forward(min(nxt, horizon)) or engine.step()
+        nxt = pending[i][0] if i < len(pending) else math.inf
+        stats = engine.fast_forward(horizon, next_arrival=nxt, arrive=arrive) or engine.step()
         account(stats)
         if clients is not None and engine.now <= (workload.closed_loop_until or horizon):
             for _ in stats.finished:

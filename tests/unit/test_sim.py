@@ -167,16 +167,17 @@ def test_fast_forward_through_admissions_equals_stepping_one_by_one(blocks: int,
     assert slow["generated"] > 5000 and slow["hits"] > 0
 
 
-def _overloaded_run(fast: bool, blocks: int, budget: int, seconds: float = 40.0) -> dict[str, object]:
-    """Open arrivals faster than the cache serves them: a queue that never drains, its head waiting for
-    blocks while the batch decodes, preemptions, and prompts that share one of three system prompts
-    (so the head often hits blocks that sit in the free queue, which the decoders then evict)."""
+def _open_run(fast: bool, blocks: int, budget: int, rate: float = 40.0, seconds: float = 40.0) -> dict[str, object]:
+    """Open arrivals (Poisson-like, ``rate`` a second), prompts that share one of three system prompts.
+    Faster than the cache serves them (the default): a queue that never drains, its head waiting for
+    blocks while the batch decodes, preemptions, and a head that often hits blocks sitting in the free
+    queue, which the decoders then evict."""
     import random
 
     rng = random.Random(11)
     engine = SimEngine(EngineConfig(num_gpu_blocks=blocks, max_num_seqs=32, max_num_batched_tokens=budget))
     systems = [list(range(800_000 + 1000 * i, 800_000 + 1000 * i + 48 + 16 * i)) for i in range(3)]
-    arrivals = sorted(rng.uniform(0, seconds) for _ in range(int(seconds * 40)))
+    arrivals = sorted(rng.uniform(0, seconds) for _ in range(int(seconds * rate)))
     out: dict[str, object] = {"ttft": [], "itl": [], "iteration": [], "finished": [], "blocked_segments": 0}
     sums = dict.fromkeys(("prompt", "generated", "preempted", "hits", "queries"), 0)
     i = 0
@@ -188,8 +189,15 @@ def _overloaded_run(fast: bool, blocks: int, budget: int, seconds: float = 40.0)
         if engine.idle():
             engine.advance_idle(arrivals[i])
             continue
-        horizon = min(arrivals[i], seconds) if i < len(arrivals) else seconds
-        stats = (engine.fast_forward(horizon) if fast else None) or engine.step()
+        def arrive() -> float:  # the next request arrives (while fast-forwarding past it)
+            nonlocal i
+            base = rng.randrange(1 << 30)
+            engine.add_request(rng.choice(systems) + list(range(base, base + rng.randint(5, 150))), rng.randint(5, 120))
+            i += 1
+            return arrivals[i] if i < len(arrivals) else float("inf")
+
+        nxt = arrivals[i] if i < len(arrivals) else float("inf")
+        stats = (engine.fast_forward(seconds, next_arrival=nxt, arrive=arrive) if fast else None) or engine.step()
         engine.kv.check_invariants()
         out["ttft"] += [round(v, 9) for v in stats.ttft]  # type: ignore[operator]
         out["itl"] += [(round(v, 9), 1) for v in stats.itl] + [(round(v, 9), n) for v, n in stats.itl_weighted]
@@ -222,12 +230,22 @@ def test_fast_forward_past_a_queue_waiting_for_blocks_equals_stepping_one_by_one
     what-if spends most of its steps there): fast-forwarding those steps gives every observation that
     stepping one at a time gives, including the head's prefix-cache lookups each step, whose hits
     shrink as the decoders evict the free blocks it would have reused."""
-    slow, fast = _overloaded_run(False, blocks, budget), _overloaded_run(True, blocks, budget)
+    slow, fast = _open_run(False, blocks, budget), _open_run(True, blocks, budget)
     assert slow["blocked_segments"] == 0 and fast["blocked_segments"] > 50  # the path under test ran
     for key in slow:
         if key != "blocked_segments":
             assert fast[key] == slow[key], key
     assert slow["preempted"] > 20 and slow["waiting"] > 50 and 0 < slow["hits"] < slow["queries"]
+
+
+def test_fast_forward_through_open_arrivals_equals_stepping_one_by_one() -> None:
+    """Open arrivals with room in the batch: each is admitted in the step after the one it arrived in,
+    so fast-forwarding stops with that step (and, with the batch at its cap, goes on past it)."""
+    slow, fast = _open_run(False, 4000, 512, rate=6.0), _open_run(True, 4000, 512, rate=6.0)
+    for key in slow:
+        if key != "blocked_segments":
+            assert fast[key] == slow[key], key
+    assert slow["waiting"] < 5 and len(slow["finished"]) > 200  # type: ignore[arg-type]
 
 
 def test_a_full_cache_preempts_the_most_recently_admitted_request_by_recompute() -> None:
