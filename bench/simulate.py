@@ -39,8 +39,7 @@ def main() -> None:
     while engine.now < args.seconds:
         stats = engine.fast_forward(args.seconds) or engine.step()
         metrics.update(stats)
-        steps += (1 if stats.iteration_tokens_first else 0) + (stats.iteration_tokens_steps if stats.iteration_tokens
-                                                               else 0) or 1
+        steps += stats.steps
         tokens += stats.generation_tokens
         for _ in stats.finished:
             new_request()

@@ -314,10 +314,21 @@ class KVCacheManager:
                 new_blocks = pool.get_new_blocks(num_new_blocks)
                 blocks.extend(new_blocks)
         if self.enable_caching:
-            num_full = min(total, len(request.token_ids)) // bs
+            tokens = request.token_ids
+            num_full = min(total, len(tokens)) // bs
             cached = self.num_cached_block.get(rid, 0)
             if num_full > cached:
-                self.block_pool.cache_full_blocks(blocks, self._hashes(request, num_full), cached, num_full)
+                hashes = self.req_to_block_hashes.get(rid)
+                if num_full == cached + 1 and hashes is not None and len(hashes) == cached:
+                    # One block just filled (a decoder's): _hashes and cache_full_blocks, inlined.
+                    block_hash = hash((hashes[-1] if hashes else None, tuple(tokens[cached * bs:num_full * bs])))
+                    hashes.append(block_hash)
+                    block = blocks[cached]
+                    if block.block_hash is None:
+                        block.block_hash = block_hash
+                        self.block_pool.cached_block_hash_to_block.setdefault(block_hash, block)
+                else:
+                    self.block_pool.cache_full_blocks(blocks, self._hashes(request, num_full), cached, num_full)
                 self.num_cached_block[rid] = num_full
         return new_blocks
 

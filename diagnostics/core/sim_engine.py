@@ -15,7 +15,6 @@ and launch overhead. No communication cost for TP beyond splitting weights and K
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import random
 from collections import deque
@@ -118,8 +117,10 @@ class StepStats:
     ttft: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
     itl_weighted: list[tuple[float, int]] = field(default_factory=list)  # (value, how many observations)
-    iteration_tokens_steps: int = 1  # how many identical steps ``iteration_tokens`` stands for
-    iteration_tokens_first: int = 0  # a fast-forward's first step when it differs from the rest (it admitted)
+    # A fast-forward's steps: (tokens in a step, how many steps had that many), in step order; a
+    # regular step's one is ``iteration_tokens``.
+    iteration_weighted: list[tuple[int, int]] = field(default_factory=list)
+    steps: int = 1  # engine steps these stats stand for
     num_waiting_deferred: int = 0  # waiting for a LoRA slot, not for capacity
     sleep_level: int = 0  # 0 awake; 1 weights offloaded; 2 weights and KV discarded
     spec_drafts: int = 0  # speculative decoding: one draft per decoding sequence per step
@@ -479,47 +480,16 @@ class SimEngine:
         """Running order is admission order (requests are only appended to it, and removed)."""
         return sims if len(sims) < 2 else sorted(sims, key=lambda sim: sim.admitted)
 
-    def _blocked_hits(self, head: SimRequest, due: list[SimRequest], rest: int) -> int:
-        """The prefix-cache hits a blocked head's lookups find in step 1 (its decoders' blocks already
-        taken) and in each of the ``rest`` steps after it, whose decoders take their new blocks from
-        the head of the free queue: a hit block waiting there is evicted when its turn comes, and the
-        hit then ends before it."""
-        chain, hit = self.kv.find_computed_blocks(head.request)
-        if not rest or not hit:
-            return hit * (1 + rest)
-        bs = self.config.block_size
-        evictable = {id(block): i for i, block in enumerate(chain) if block.ref_cnt == 0}
-        if not evictable:
-            return hit * (1 + rest)
-        # The ticks at which the decoders take a block: each due one at its slot tick, then every block_size.
-        end = self._tick + rest
-        pops = sorted(tick for sim in due for tick in range(self._slot_key(sim), end + 1, bs))
-        # Where each hit block sits in the free queue: the first len(pops) leave it, in order.
-        first_lost = len(chain)  # the chain's hit is cut at its earliest evicted block
-        cut_at: list[tuple[int, int]] = []  # (pop number that evicts it, chain index)
-        for n, block_id in enumerate(self.kv.block_pool.free_block_queue._queue):
-            if n >= len(pops):
-                break
-            index = evictable.get(id(self.kv.block_pool.blocks[block_id]))
-            if index is not None:
-                cut_at.append((n, index))
-        total = 0
-        ci = 0
-        for tick in range(self._tick + 1, end + 1):
-            taken = bisect.bisect_right(pops, tick)  # blocks taken by this step's allocations and those before
-            while ci < len(cut_at) and cut_at[ci][0] < taken:
-                first_lost = min(first_lost, cut_at[ci][1])
-                ci += 1
-            total += first_lost * bs
-        return hit + total
-
     def fast_forward(self, horizon: float, max_steps: int = 512, next_arrival: float = float("inf"),
-                     arrive: Callable[[], float] | None = None) -> StepStats | None:
+                     arrive: Callable[[], float] | None = None, stop_at_finish: bool = True) -> StepStats | None:
         """Several steps at once, when nothing can change the batch in between: every running
         request is decoding; the first step may admit waiting requests whose whole prompts fit its
         token budget and the free blocks (a closed loop's replacement for a finished request), after
-        which nobody else could be admitted (none waiting, or running at max_num_seqs); the blocks
-        for all k steps are free now. k stops at the first request to finish and before ``horizon``.
+        which nobody else could be admitted (none waiting, running at max_num_seqs, or the queue's
+        head waiting for blocks). The steps stop before one whose blocks are not free (the regular
+        step preempts), before ``horizon``, after ``max_steps``, and with the first request to finish
+        — unless ``stop_at_finish`` is False and nobody waits: then the batch just gets smaller
+        (a caller that adds requests only through ``arrive``, not when one finishes).
         Returns None when a regular :meth:`step` is needed.
 
         Open arrivals: the next request arrives at ``next_arrival``. When nobody could be admitted
@@ -529,7 +499,7 @@ class SimEngine:
         have it); it adds the request and returns the next arrival time. Otherwise the steps stop
         with the one it arrives in, for the caller to add it.
 
-        Equivalent to k calls of :meth:`step` (same tokens, blocks, times and observations)."""
+        Equivalent to that many calls of :meth:`step` (same tokens, blocks, times and observations)."""
         cfg = self.config
         running = self.running
         if self.stalled or self.sleep_level or cfg.num_speculative_tokens or not running:
@@ -577,7 +547,6 @@ class SimEngine:
                 if sim.last_token_at is not None:
                     gaps[sim.last_token_at] = gaps.get(sim.last_token_at, 0) + 1
         cross = self._due(self._slot_at, tick0 + 1, self._slot_key)  # need a slot in step 1
-        k = min(max_steps, self._finish_at[0][0] - tick0) if self._finish_at else max_steps
         free = self.kv.block_pool.get_num_free_blocks() - len(cross)
         admit: list[SimRequest] = []
         bail = False
@@ -599,21 +568,10 @@ class SimEngine:
                 admit.append(sim)
                 budget -= tokens
                 free -= need
-                k = min(k, sim.max_tokens)
             if len(admit) < len(self.waiting) and batch + len(admit) < cfg.max_num_seqs:
                 bail = True  # the next step would admit more
-        # Blocks for steps 2..k: each request needs at most one per block_size steps, plus one; when
-        # that many are not free (a cache under pressure), count the ones really due and stop short
-        # of the first step whose block is not there.
         size = batch + len(admit)
-        if not bail and k >= 1 and size * (-(-k // bs) + 1) > free:
-            k = min(k, bs)
-            due = sorted(at for at, _, sim in self._slot_at if tick0 + 1 < at <= tick0 + k
-                         and sim.lag_from is not None and sim.finished_reason is None and self._slot_key(sim) == at)
-            room = free - len(admit)  # an admitted prompt needs at most one more block in block_size steps
-            if len(due) > room:
-                k = due[room] - tick0 - 1 if room >= 0 else 0
-        if bail or k < 1 or size * (-(-k // bs) + 1) > free and k > bs:
+        if bail or free < 0:
             for sim in cross:  # not handled here: keep their events for the regular step's sync
                 heapq.heappush(self._slot_at, (self._slot_key(sim), self._seq, sim))
                 self._seq += 1
@@ -667,71 +625,99 @@ class SimEngine:
             req.token_ids.append(self._next_token)
             self._next_token += 1
             self._lazy_add(sim)
-        # Steps 2..k: pure decode of the whole batch; arrivals join the queue's tail when they could
-        # not be admitted before the next finish anyway.
+        # Steps 2..k: pure decode of the batch, tick by tick: the decoders whose block fills take a new
+        # one (in running order, as the scheduler allocates), then those that finish leave (freeing
+        # theirs). Arrivals join the queue's tail when nobody could be admitted before the next finish.
         late = arrive is not None and (blocked is not None or size >= cfg.max_num_seqs)
-        if late:
-            while next_arrival <= t:
+        # Past a finish only when nobody waits and nothing arrives but through ``arrive``: the batch
+        # then just gets smaller.
+        through = not stop_at_finish and not late and not self.waiting
+        kvb = self._kv_bytes_per_token
+        head_chain: list = []  # a blocked head's prefix hit, and where the decoders' new blocks cut it
+        head_at: dict[int, int] = {}
+        hits = cut = 0
+        if blocked is not None and blocked[0]:
+            head_chain, hits = self.kv.find_computed_blocks(self.waiting[0].request)  # step 1's lookup
+            cut = len(head_chain)
+            head_at = {id(block): i for i, block in enumerate(head_chain) if block.ref_cnt == 0}
+        first_size = size
+        stats.iteration_weighted.append((first_tokens, 1))
+        steps = 1
+        sum_size = sum_context = 0
+        finish_at, slot_at = self._finish_at, self._slot_at
+        while True:
+            tick = self._tick
+            if finish_at and finish_at[0][0] <= tick:
+                done = self._in_running_order(self._due(finish_at, tick, self._finish_key))
+                for sim in done:
+                    self._catch_up(sim)
+                    req = sim.request
+                    self.kv.cache_computed(req)
+                    sim.finished_reason = "length"
+                    req.token_ids.pop()  # the last token is never fed back
+                    self.kv.free(req)
+                    running.remove(sim)
+                    sim.lag_from = None
+                    self._lazy_n -= 1
+                    self._lazy_computed -= req.num_computed_tokens
+                    self._lazy_from -= tick
+                    stats.finished.append(sim)
+                if done and not through:
+                    break
+            while late and next_arrival <= t:  # arrived in the last step: the queue's tail
                 self.now = t
                 next_arrival = arrive()  # type: ignore[misc]
-        context = self._lazy_context(self._tick)
-        times: list[float] = []
-        for i in range(k - 1):
-            if not late and t >= next_arrival:
-                break  # the request that arrived in the last step may be admitted in the next
-            step = self.step_seconds(0, size, context + i * size, ahead=1 + i)
+            size = self._lazy_n
+            if not size or steps >= max_steps or not late and t >= next_arrival:
+                break  # (a request that arrived in the last step may be admitted in the next)
+            context = self._lazy_context(tick)
+            step = self.step_seconds(0, size, context, ahead=steps)
             if t + step > horizon:
                 break
+            due = self._due(slot_at, tick + 1, self._slot_key) if slot_at and slot_at[0][0] <= tick + 1 else []
+            if len(due) > self.kv.block_pool.get_num_free_blocks():
+                for sim in due:  # a decoder's block is not there: the regular step preempts
+                    heapq.heappush(slot_at, (self._slot_key(sim), self._seq, sim))
+                    self._seq += 1
+                break
+            for sim in self._in_running_order(due):
+                self._catch_up(sim)
+                new = self.kv.allocate_slots(sim.request, 1)
+                self._push_slot(sim)
+                if head_chain and new:
+                    for block in new:
+                        cut = min(cut, head_at.get(id(block), cut))
             t += step
-            times.append(step)
-            while late and next_arrival <= t:
-                self.now = t
-                next_arrival = arrive()  # type: ignore[misc]
-        rest = len(times)
-        if rest:  # the work of steps 2..k: each reads the weights and a context `size` tokens longer
-            flops, read, written = self.work(0, size, context)
-            work[0] += flops * rest
-            work[1] += read * rest + size * rest * (rest - 1) // 2 * self._kv_bytes_per_token
-            work[2] += written * rest
-        self.steps_taken += 1 + rest
-        due = self._in_running_order(self._due(self._slot_at, self._tick + rest, self._slot_key)) if rest else []
+            steps += 1
+            self._tick = tick + 1
+            self._tick_time = t
+            sum_size += size
+            sum_context += context
+            stats.itl_weighted.append((step, size))
+            last = stats.iteration_weighted[-1]
+            if last[0] == size:
+                stats.iteration_weighted[-1] = (size, last[1] + 1)
+            else:
+                stats.iteration_weighted.append((size, 1))
+            if head_chain:
+                hits += cut * bs
+        self.steps_taken += steps
         if blocked is not None and blocked[0]:
             looked, counted = blocked
-            hits = self._blocked_hits(self.waiting[0], due, rest)
             if self.kv.enable_caching:
-                self.kv.prefix_cache_stats.queries += looked * (1 + rest)
+                self.kv.prefix_cache_stats.queries += looked * steps
                 self.kv.prefix_cache_stats.hits += hits
             if counted:
-                stats.prefix_queries += looked * (1 + rest)
+                stats.prefix_queries += looked * steps
                 stats.prefix_hits += hits
-        if rest:
-            for sim in due:
-                self._catch_up(sim)
-                self.kv.allocate_slots(sim.request, rest)
-                self._push_slot(sim)
-            self._tick += rest
-            self._tick_time = t
-        for sim in self._in_running_order(self._due(self._finish_at, self._tick, self._finish_key)):
-            self._catch_up(sim)
-            req = sim.request
-            self.kv.cache_computed(req)
-            sim.finished_reason = "length"
-            req.token_ids.pop()  # the last token is never fed back
-            self.kv.free(req)
-            running.remove(sim)
-            sim.lag_from = None
-            self._lazy_n -= 1
-            self._lazy_computed -= req.num_computed_tokens
-            self._lazy_from -= self._tick
-            stats.finished.append(sim)
+        if sum_size:  # the work of steps 2..k: each reads the weights and its context, writes its tokens
+            flops_per_token = 2 * cfg.model.num_params / max(1, cfg.tensor_parallel_size)
+            work[0] += flops_per_token * sum_size
+            work[1] += self._weight_bytes * (steps - 1) + sum_context * kvb
+            work[2] += sum_size * kvb
         self.now = t
-        stats.generation_tokens = size * (1 + rest)
-        if admit:
-            stats.iteration_tokens_first = first_tokens
-            stats.iteration_tokens, stats.iteration_tokens_steps = (size, rest) if rest else (0, 1)
-        else:
-            stats.iteration_tokens, stats.iteration_tokens_steps = size, 1 + rest
-        stats.itl_weighted += [(step, size) for step in times]
+        stats.generation_tokens = first_size + sum_size
+        stats.steps = steps
         stats.estimated_flops, stats.estimated_read_bytes, stats.estimated_write_bytes = work
         stats.now = self.now
         self._queue_stats(stats)

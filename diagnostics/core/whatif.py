@@ -760,7 +760,8 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
             engine.advance_idle(pending[i][0])
             continue
         nxt = pending[i][0] if i < len(pending) else math.inf
-        stats = engine.fast_forward(horizon, next_arrival=nxt, arrive=arrive) or engine.step()
+        stats = engine.fast_forward(horizon, next_arrival=nxt, arrive=arrive,
+                                    stop_at_finish=clients is not None) or engine.step()
         account(stats)
         if clients is not None and engine.now <= (workload.closed_loop_until or horizon):
             for _ in stats.finished:

@@ -203,10 +203,10 @@ class SimMetrics:
             c["prompt"].inc(stats.prompt_tokens)
         if stats.generation_tokens:
             c["generation"].inc(stats.generation_tokens)
-        if stats.iteration_tokens_first:
-            c["iteration"].observe(stats.iteration_tokens_first)
         if stats.iteration_tokens:
-            _observe_many(c["iteration"], stats.iteration_tokens, stats.iteration_tokens_steps)
+            c["iteration"].observe(stats.iteration_tokens)
+        for tokens, steps in stats.iteration_weighted:
+            _observe_many(c["iteration"], tokens, steps)
         for value in stats.ttft:
             c["ttft"].observe(value)
         if stats.itl:

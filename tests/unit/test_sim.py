@@ -131,10 +131,9 @@ def _closed_loop_run(fast: bool, blocks: int, clients: int = 24, seconds: float 
         engine.kv.check_invariants()
         out["ttft"] += [round(v, 9) for v in stats.ttft]
         out["itl"] += [(round(v, 9), 1) for v in stats.itl] + [(round(v, 9), n) for v, n in stats.itl_weighted]
-        if stats.iteration_tokens_first:
-            out["iteration"].append((stats.iteration_tokens_first, 1))
         if stats.iteration_tokens:
-            out["iteration"].append((stats.iteration_tokens, stats.iteration_tokens_steps))
+            out["iteration"].append((stats.iteration_tokens, 1))
+        out["iteration"] += stats.iteration_weighted
         out["finished"] += [(s.request.request_id, round(s.last_token_at or 0, 9), s.num_output) for s in stats.finished]
         for key, value in (("prompt", stats.prompt_tokens), ("generated", stats.generation_tokens),
                            ("preempted", stats.num_preemptions), ("hits", stats.prefix_hits),
@@ -201,13 +200,12 @@ def _open_run(fast: bool, blocks: int, budget: int, rate: float = 40.0, seconds:
         engine.kv.check_invariants()
         out["ttft"] += [round(v, 9) for v in stats.ttft]  # type: ignore[operator]
         out["itl"] += [(round(v, 9), 1) for v in stats.itl] + [(round(v, 9), n) for v, n in stats.itl_weighted]
-        if stats.iteration_tokens_first:
-            out["iteration"].append((stats.iteration_tokens_first, 1))  # type: ignore[attr-defined]
         if stats.iteration_tokens:
-            out["iteration"].append((stats.iteration_tokens, stats.iteration_tokens_steps))  # type: ignore[attr-defined]
+            out["iteration"].append((stats.iteration_tokens, 1))  # type: ignore[attr-defined]
+        out["iteration"] += stats.iteration_weighted  # type: ignore[operator]
         out["finished"] += [(s.request.request_id, round(s.last_token_at or 0, 9), s.num_output)  # type: ignore[operator]
                             for s in stats.finished]
-        if stats.iteration_tokens_steps > 1 and stats.num_waiting:
+        if stats.steps > 1 and stats.num_waiting:
             out["blocked_segments"] += 1  # type: ignore[operator]
         for key, value in (("prompt", stats.prompt_tokens), ("generated", stats.generation_tokens),
                            ("preempted", stats.num_preemptions), ("hits", stats.prefix_hits),
