@@ -166,7 +166,8 @@ def test_fast_forward_through_admissions_equals_stepping_one_by_one(blocks: int,
     assert slow["generated"] > 5000 and slow["hits"] > 0
 
 
-def _open_run(fast: bool, blocks: int, budget: int, rate: float = 40.0, seconds: float = 40.0) -> dict[str, object]:
+def _open_run(fast: bool, blocks: int, budget: int, rate: float = 40.0, seconds: float = 40.0,
+              stop_at_finish: bool = False) -> dict[str, object]:
     """Open arrivals (Poisson-like, ``rate`` a second), prompts that share one of three system prompts.
     Faster than the cache serves them (the default): a queue that never drains, its head waiting for
     blocks while the batch decodes, preemptions, and a head that often hits blocks sitting in the free
@@ -196,7 +197,8 @@ def _open_run(fast: bool, blocks: int, budget: int, rate: float = 40.0, seconds:
             return arrivals[i] if i < len(arrivals) else float("inf")
 
         nxt = arrivals[i] if i < len(arrivals) else float("inf")
-        stats = (engine.fast_forward(seconds, next_arrival=nxt, arrive=arrive) if fast else None) or engine.step()
+        stats = (engine.fast_forward(seconds, next_arrival=nxt, arrive=arrive, stop_at_finish=stop_at_finish)
+                 if fast else None) or engine.step()
         engine.kv.check_invariants()
         out["ttft"] += [round(v, 9) for v in stats.ttft]  # type: ignore[operator]
         out["itl"] += [(round(v, 9), 1) for v in stats.itl] + [(round(v, 9), n) for v, n in stats.itl_weighted]
@@ -236,10 +238,13 @@ def test_fast_forward_past_a_queue_waiting_for_blocks_equals_stepping_one_by_one
     assert slow["preempted"] > 20 and slow["waiting"] > 50 and 0 < slow["hits"] < slow["queries"]
 
 
-def test_fast_forward_through_open_arrivals_equals_stepping_one_by_one() -> None:
+@pytest.mark.parametrize("stop_at_finish", [True, False])
+def test_fast_forward_through_open_arrivals_equals_stepping_one_by_one(stop_at_finish: bool) -> None:
     """Open arrivals with room in the batch: each is admitted in the step after the one it arrived in,
-    so fast-forwarding stops with that step (and, with the batch at its cap, goes on past it)."""
-    slow, fast = _open_run(False, 4000, 512, rate=6.0), _open_run(True, 4000, 512, rate=6.0)
+    so fast-forwarding stops with that step; with nobody waiting it goes on past a finish (the batch
+    just gets smaller) unless told to stop there."""
+    slow = _open_run(False, 4000, 512, rate=6.0)
+    fast = _open_run(True, 4000, 512, rate=6.0, stop_at_finish=stop_at_finish)
     for key in slow:
         if key != "blocked_segments":
             assert fast[key] == slow[key], key
