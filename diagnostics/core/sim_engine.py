@@ -275,7 +275,9 @@ class SimEngine:
                 budget -= num_new
         active = {s.lora for s in self.running if s.lora}
         skipped: list[SimRequest] = []
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+        # A step that preempted schedules nobody from the queue (vLLM's ``if not preempted_reqs``):
+        # the request it just put back waits at least a step, whatever its blocks freed.
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs and not stats.num_preemptions:
             sim = self.waiting[0]
             if self._lora_blocked(sim, active):
                 skipped.append(self.waiting.popleft())  # deferred: the next request may fit
