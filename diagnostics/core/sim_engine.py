@@ -524,7 +524,7 @@ class SimEngine:
             if head.lora and cfg.max_loras or head.prefix_looked_up:
                 return None
             if budget <= 0:
-                blocked = (0, 0, False)  # no token budget left for anyone waiting: nothing is looked up
+                blocked = (0, False)  # no token budget left for anyone waiting: nothing is looked up
             elif -(-tokens // bs) > self.kv.block_pool.get_num_free_blocks() or tokens > budget:
                 hit_blocks, hit = self.kv.find_computed_blocks(hreq)
                 if self.kv.can_allocate(hreq, min(tokens - hit, budget), hit_blocks):
@@ -666,9 +666,6 @@ class SimEngine:
                     stats.finished.append(sim)
                 if done and not through:
                     break
-            while late and next_arrival <= t:  # arrived in the last step: the queue's tail
-                self.now = t
-                next_arrival = arrive()  # type: ignore[misc]
             size = self._lazy_n
             if not size or steps >= max_steps or not late and t >= next_arrival:
                 break  # (a request that arrived in the last step may be admitted in the next)
@@ -682,6 +679,11 @@ class SimEngine:
                     heapq.heappush(slot_at, (self._slot_key(sim), self._seq, sim))
                     self._seq += 1
                 break
+            # The next step is taken: what arrived in the last one joins the queue's tail now (when
+            # the forward ends instead, the caller adds it, and the gauges do not count it early).
+            while late and next_arrival <= t:
+                self.now = t
+                next_arrival = arrive()  # type: ignore[misc]
             for sim in self._in_running_order(due):
                 self._catch_up(sim)
                 new = self.kv.allocate_slots(sim.request, 1)

@@ -6,8 +6,9 @@ loops without preemption — and then given the burst's exact requests (token id
 received them). What it predicts for the burst it never saw is compared with what the server
 showed: when the first preemption came (as the 0.25 s scrapes bracket it), how many preemptions,
 and when the last client had its answer — within the issue's bands, ±10 %, ±25 %, ±25 %.
-``mixed_mid`` (another model shape) was recorded after the arrival inference below was written
-against the other three: it is held out. Recorded once by ``python -m tests.fixtures.fidelity.record``;
+``engine_arrivals`` was written while looking at the first three; ``mixed_mid`` (another model
+shape), recorded afterwards, passes with the old inference as well, so it checks the simulator but
+does not confirm the new arrival rules. Recorded once by ``python -m tests.fixtures.fidelity.record``;
 the live check against a running server is ``tests/integration/test_sim_fidelity.py``."""
 
 from __future__ import annotations
