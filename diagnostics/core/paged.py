@@ -248,15 +248,15 @@ class KVCacheManager:
             computed.append(block)
         return computed, len(computed) * self.block_size
 
-    def can_allocate(self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVCacheBlock] = (),
-                     free_blocks: int | None = None) -> bool:
-        """Whether :meth:`allocate_slots` would succeed (with ``free_blocks`` free, default: now)."""
+    def can_allocate(self, request: Request, num_new_tokens: int,
+                     new_computed_blocks: Sequence[KVCacheBlock] = ()) -> bool:
+        """Whether :meth:`allocate_slots` would succeed now."""
         blocks = self.req_to_blocks.get(request.request_id, ())
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_new_blocks = cdiv(num_computed + num_new_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
+        # Touching a cached block with ref_cnt 0 takes it out of the free queue too.
         num_evictable_computed = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        free = self.block_pool.get_num_free_blocks() if free_blocks is None else free_blocks
-        return num_new_blocks <= free - num_evictable_computed
+        return num_new_blocks <= self.block_pool.get_num_free_blocks() - num_evictable_computed
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = ()) -> list[KVCacheBlock] | None:
@@ -264,16 +264,11 @@ class KVCacheManager:
         cannot supply them (the scheduler then preempts or waits)."""
         if not new_computed_blocks:
             return self._allocate_more(request, num_new_tokens)
+        if not self.can_allocate(request, num_new_tokens, new_computed_blocks):
+            return None
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_required = cdiv(num_computed + num_new_tokens, self.block_size)
-        num_new_blocks = num_required - len(blocks) - len(new_computed_blocks)
-        # Touching a cached block with ref_cnt 0 takes it out of the free queue too.
-        num_evictable_computed = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_evictable_computed:
-            if not blocks:
-                del self.req_to_blocks[request.request_id]
-            return None
+        num_new_blocks = cdiv(num_computed + num_new_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
         self.block_pool.touch(new_computed_blocks)
         blocks.extend(new_computed_blocks)
         new_blocks = self.block_pool.get_new_blocks(max(0, num_new_blocks))

@@ -752,8 +752,7 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
 
     while engine.now < horizon:
         while i < len(pending) and pending[i][0] <= engine.now:
-            run.submit(*pending[i][1])
-            i += 1
+            arrive()
         if engine.idle():
             if i >= len(pending):
                 break
