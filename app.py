@@ -5,7 +5,7 @@ Run with ``streamlit run app.py``; the other views are in pages/ and share the s
 
 import streamlit as st
 
-from diagnostics.core.derive import derive_state
+from diagnostics.core.metrics.derive import derive_state
 from diagnostics.ui import resources, state, widgets
 
 target = widgets.page("vLLM triage")

@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diagnostics.core.catalog import parse_snapshot  # noqa: E402
-from diagnostics.core.derive import Scrape  # noqa: E402
 from diagnostics.core.diagnosis import Budgets  # noqa: E402
-from diagnostics.core.sim_scenarios import SCENARIOS  # noqa: E402
+from diagnostics.core.metrics.catalog import parse_snapshot  # noqa: E402
+from diagnostics.core.metrics.derive import Scrape  # noqa: E402
+from diagnostics.core.simulator.scenarios import SCENARIOS  # noqa: E402
 from diagnostics.sim.driver import Simulation  # noqa: E402
 from tests.fixtures.incidents.corpus import QUIET, Case, cases, judge, run, top  # noqa: E402
 

@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from diagnostics.core.promql import CHART_CONCEPTS, FLEET_COLUMNS, Scope  # noqa: E402
-from diagnostics.fleet import Window, fleet_report, histories  # noqa: E402
+from diagnostics.core.fleet.promql import CHART_CONCEPTS, FLEET_COLUMNS, Scope  # noqa: E402
+from diagnostics.prometheus_fleet import Window, fleet_report, histories  # noqa: E402
 from diagnostics.sim.server import SimServer  # noqa: E402
 from diagnostics.sources.prometheus import PrometheusClient  # noqa: E402
 from tests.integration.prometheus_server import PrometheusServer  # noqa: E402

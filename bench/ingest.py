@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from diagnostics.collector import Collector  # noqa: E402
-from diagnostics.core.catalog import parse_snapshot  # noqa: E402
-from diagnostics.core.derive import Scrape, derive_state  # noqa: E402
+from diagnostics.core.metrics.catalog import parse_snapshot  # noqa: E402
+from diagnostics.core.metrics.derive import Scrape, derive_state  # noqa: E402
 from diagnostics.sources.vllm_http import VllmClient  # noqa: E402
 
 PAYLOAD = ROOT / "tests" / "fixtures" / "metrics-0.32.0-burst.txt"

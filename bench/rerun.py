@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.ingest import CountingProxy  # noqa: E402
 from diagnostics.collector import Collector, register, stop_all  # noqa: E402
-from diagnostics.core.catalog import parse_snapshot  # noqa: E402
-from diagnostics.core.derive import Scrape  # noqa: E402
+from diagnostics.core.metrics.catalog import parse_snapshot  # noqa: E402
+from diagnostics.core.metrics.derive import Scrape  # noqa: E402
 from diagnostics.sources.vllm_http import VllmClient  # noqa: E402
 
 PAYLOAD = ROOT / "tests" / "fixtures" / "metrics-0.32.0-burst.txt"

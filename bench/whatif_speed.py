@@ -15,8 +15,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diagnostics.core import whatif  # noqa: E402
-from diagnostics.core.catalog import parse_snapshot  # noqa: E402
-from diagnostics.core.derive import Scrape  # noqa: E402
+from diagnostics.core.metrics.catalog import parse_snapshot  # noqa: E402
+from diagnostics.core.metrics.derive import Scrape  # noqa: E402
 from diagnostics.sim.driver import Simulation  # noqa: E402
 
 CANDIDATES = {

@@ -24,7 +24,6 @@ from typing import Any, NoReturn
 
 from diagnostics.collector import Collector
 from diagnostics.core import whatif
-from diagnostics.core.derive import DerivedState, Scrape, derive_state
 from diagnostics.core.diagnosis import (
     Budgets,
     Finding,
@@ -36,9 +35,10 @@ from diagnostics.core.diagnosis import (
     prepare,
 )
 from diagnostics.core.diagnosis.alerts import alert_rules_yaml
-from diagnostics.core.info import ServerInfo
-from diagnostics.core.promql import Scope, parse_duration, parse_selector
-from diagnostics.core.sim_scenarios import SCENARIOS
+from diagnostics.core.fleet.promql import Scope, parse_duration, parse_selector
+from diagnostics.core.metrics.derive import DerivedState, Scrape, derive_state
+from diagnostics.core.metrics.info import ServerInfo
+from diagnostics.core.simulator.scenarios import SCENARIOS
 from diagnostics.core.text import SLEEP_LEVELS, evidence_rows, fmt_seconds_as_ms, prompt_sources_text, roofline_text
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
@@ -106,7 +106,7 @@ def _prometheus(args: argparse.Namespace) -> tuple[Any, Scope]:
 
 def _prometheus_window(args: argparse.Namespace, since: float) -> tuple[list[Scrape], ServerInfo | None, str, Any]:
     """One instance's history over the last ``since`` seconds, read from Prometheus."""
-    from diagnostics import fleet
+    from diagnostics import prometheus_fleet as fleet
 
     client, scope = _prometheus(args)
     try:
@@ -504,7 +504,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    from diagnostics import fleet
+    from diagnostics import prometheus_fleet as fleet
 
     client, scope = _prometheus(args)
     budgets = Budgets(ttft_ms=args.ttft_budget_ms, itl_ms=args.itl_budget_ms)

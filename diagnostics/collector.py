@@ -16,10 +16,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.derive import Scrape
-from diagnostics.core.gpu import GpuReading
-from diagnostics.core.info import ServerInfo, TargetState, TargetStatus
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.gpu import GpuReading
+from diagnostics.core.metrics.info import ServerInfo, TargetState, TargetStatus
 from diagnostics.errors import BadPayload, NotVllm, TargetError, TargetHTTPError
 from diagnostics.recording import Record
 from diagnostics.sources.vllm_http import VllmClient, normalize_url

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.derive import Scrape
-from diagnostics.core.info import ServerInfo
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.info import ServerInfo
 from diagnostics.errors import BadPayload, BadRecording
 
 

@@ -4,7 +4,7 @@ import time
 
 import streamlit as st
 
-from diagnostics.core.derive import derive_state
+from diagnostics.core.metrics.derive import derive_state
 from diagnostics.recording import encode_recording
 from diagnostics.ui import resources, state, widgets
 

@@ -5,9 +5,9 @@ from datetime import datetime, timedelta
 
 import streamlit as st
 
-from diagnostics.core.derive import derive_state
-from diagnostics.core.gpu import GpuReading
-from diagnostics.core.info import TargetStatus
+from diagnostics.core.metrics.derive import derive_state
+from diagnostics.core.metrics.gpu import GpuReading
+from diagnostics.core.metrics.info import TargetStatus
 from diagnostics.core.text import md_escape
 from diagnostics.errors import BadRecording
 from diagnostics.ui import resources, state, widgets

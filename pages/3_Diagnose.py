@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from diagnostics.core.derive import window
 from diagnostics.core.diagnosis import Budgets, diagnose, exit_code, prepare
+from diagnostics.core.metrics.derive import window
 from diagnostics.core.text import md_escape
 from diagnostics.errors import BadRecording
 from diagnostics.ui import findings as cards

@@ -3,8 +3,8 @@
 import pandas as pd
 import streamlit as st
 
-from diagnostics.core.capacity import parallel_sampling_blocks
-from diagnostics.core.paged_demo import (
+from diagnostics.core.capacity.arithmetic import parallel_sampling_blocks
+from diagnostics.core.simulator.paged_demo import (
     block_grid_figure,
     block_size_figure,
     block_size_rows,

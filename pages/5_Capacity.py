@@ -4,9 +4,9 @@ import json
 
 import streamlit as st
 
-from diagnostics.core.capacity import DTYPE_BYTES, GPU_PRESETS_GB, MODEL_PRESETS, ModelShape, capacity
-from diagnostics.core.derive import last_snapshot
-from diagnostics.core.server_check import check_server
+from diagnostics.core.capacity.arithmetic import DTYPE_BYTES, GPU_PRESETS_GB, MODEL_PRESETS, ModelShape, capacity
+from diagnostics.core.capacity.server_check import check_server
+from diagnostics.core.metrics.derive import last_snapshot
 from diagnostics.core.text import md_escape
 from diagnostics.ui import resources, state, widgets
 

@@ -5,7 +5,8 @@ import time
 
 import streamlit as st
 
-from diagnostics.core import figures, promql
+from diagnostics.core import figures
+from diagnostics.core.fleet import promql
 from diagnostics.core.text import fmt_when, md_escape
 from diagnostics.errors import TargetError
 from diagnostics.sources.prometheus import normalize_prometheus_url

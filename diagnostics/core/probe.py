@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from diagnostics.core.catalog import Snapshot
-from diagnostics.core.derive import Scrape, counter_steps, histogram_delta, quantile_estimate
+from diagnostics.core.metrics.catalog import Snapshot
+from diagnostics.core.metrics.derive import Scrape, counter_steps, histogram_delta, quantile_estimate
 
 # Hard caps: the probe loads a server that may already be in trouble.
 MAX_CONCURRENCY = 128

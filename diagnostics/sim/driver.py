@@ -3,7 +3,7 @@
 ``run_for`` steps as fast as the CPU allows (tests, benchmarks, "what happens in 10 minutes");
 ``start`` follows the wall clock in a background thread, for the HTTP surface. A scenario with
 ``data_parallel_size`` > 1 runs that many engines, each on its own clock, new requests going to the
-least loaded one (:func:`~diagnostics.core.sim_scenarios.pick_engine`).
+least loaded one (:func:`~diagnostics.core.simulator.scenarios.pick_engine`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from diagnostics.core.sim_engine import SimEngine, SimRequest
-from diagnostics.core.sim_scenarios import SCENARIOS, Scenario, make_engines, pick_engine
+from diagnostics.core.simulator.engine import SimEngine, SimRequest
+from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario, make_engines, pick_engine
 from diagnostics.sim.metrics import SimMetrics
 
 STALL_AFTER_SECONDS = 20.0

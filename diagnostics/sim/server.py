@@ -13,8 +13,8 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from diagnostics.core.sim_engine import SimRequest
-from diagnostics.core.sim_scenarios import SCENARIOS
+from diagnostics.core.simulator.engine import SimRequest
+from diagnostics.core.simulator.scenarios import SCENARIOS
 from diagnostics.sim.driver import Simulation
 
 SIM_VERSION = "0.32.0"

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from diagnostics.core.gpu import GpuMemory, GpuReading
+from diagnostics.core.metrics.gpu import GpuMemory, GpuReading
 from diagnostics.errors import NvmlUnavailable
 
 _lock = threading.Lock()

@@ -1,6 +1,6 @@
 """The Prometheus HTTP API adapter (prometheus-api-client): instant and range queries, and the
 scrape interval of the vLLM targets. Thin: the PromQL and the meaning of answers live in
-:mod:`diagnostics.core.promql`.
+:mod:`diagnostics.core.fleet.promql`.
 
 Every call has a whole-request deadline (a Prometheus that trickles its answer is as bad as one that
 never answers) and fails with a :class:`~diagnostics.errors.TargetError` whose message says which
@@ -21,7 +21,7 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from diagnostics.core.promql import parse_duration
+from diagnostics.core.fleet.promql import parse_duration
 from diagnostics.errors import BadPayload, TargetHTTPError, TargetTimeout, TargetUnreachable
 
 DEFAULT_TIMEOUT_SECONDS = 15.0

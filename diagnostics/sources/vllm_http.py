@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from diagnostics.core.info import ServerInfo
+from diagnostics.core.metrics.info import ServerInfo
 from diagnostics.errors import (
     BadMetricsPayload,
     BadPayload,

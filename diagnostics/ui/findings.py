@@ -10,9 +10,9 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.core import figures, whatif
-from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import Finding, KnownFlags, Suggestion, command_diff
 from diagnostics.core.diagnosis.knobs import KNOB_TABLE, KNOBS_BY_ID
+from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.text import evidence_rows, md_escape
 from diagnostics.ui.widgets import chart
 

@@ -11,10 +11,10 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.core.diagnosis import Budgets
-from diagnostics.core.fleet import FleetRow, Outlier
-from diagnostics.core.promql import FLEET_COLUMNS, Scope, parse_selector
+from diagnostics.core.fleet.promql import FLEET_COLUMNS, Scope, parse_selector
+from diagnostics.core.fleet.table import FleetRow, Outlier
 from diagnostics.core.targets import PrometheusInstance, TargetsConfig, same_url
-from diagnostics.fleet import FleetReport, fleet_report
+from diagnostics.prometheus_fleet import FleetReport, fleet_report
 from diagnostics.sources.prometheus import normalize_prometheus_url
 from diagnostics.ui import resources, state
 
@@ -125,7 +125,7 @@ def adopt_link(config: TargetsConfig) -> str | None:
 @st.cache_data(ttl=30, max_entries=16, show_spinner=False)
 def charts(url: str, selector: str, range_s: int, step_s: int, tick: int) -> dict[str, Any]:
     """The fleet charts at a step the user chose (one range query per chart)."""
-    from diagnostics.fleet import fleet_charts
+    from diagnostics.prometheus_fleet import fleet_charts
 
     client = resources.prometheus_client(url)
     return fleet_charts(client, Scope(selector), range_s=range_s, step_s=step_s)

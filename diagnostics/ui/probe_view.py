@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.core import figures
-from diagnostics.core.derive import Scrape
+from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.probe import SETTLE_SECONDS, ProbeSpec, with_server
 from diagnostics.core.text import fmt_seconds_as_ms
 from diagnostics.sources.probe_http import Probe

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import streamlit as st
 
 from diagnostics.collector import Collector, shared_collector
-from diagnostics.core.derive import Scrape
-from diagnostics.core.gpu import GpuReading
-from diagnostics.core.promql import Scope
+from diagnostics.core.fleet.promql import Scope
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.targets import TargetsConfig, targets_from
-from diagnostics.fleet import PrometheusTarget
+from diagnostics.prometheus_fleet import PrometheusTarget
 from diagnostics.recording import Recording, read_recording
 from diagnostics.sim.server import SimServer
 from diagnostics.ui import state

@@ -16,8 +16,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from diagnostics.core import figures
-from diagnostics.core.catalog import CacheConfig
-from diagnostics.core.derive import (
+from diagnostics.core.metrics.catalog import CacheConfig
+from diagnostics.core.metrics.derive import (
     DerivedState,
     Scrape,
     hit_rate_source,
@@ -27,9 +27,9 @@ from diagnostics.core.derive import (
     since_start,
     window,
 )
-from diagnostics.core.gpu import GpuReading, peak_for
-from diagnostics.core.info import ServerInfo, TargetStatus
-from diagnostics.core.sim_scenarios import SCENARIOS
+from diagnostics.core.metrics.gpu import GpuReading, peak_for
+from diagnostics.core.metrics.info import ServerInfo, TargetStatus
+from diagnostics.core.simulator.scenarios import SCENARIOS
 from diagnostics.core.targets import PrometheusInstance, TargetsConfig
 from diagnostics.core.text import (
     SLEEP_LEVELS,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from diagnostics.core.gpu import GpuMemory, GpuReading
+from diagnostics.core.metrics.gpu import GpuMemory, GpuReading
 from diagnostics.sources import nvml
 
 

@@ -106,7 +106,7 @@ def test_a_realistic_large_payload_is_accepted(burst_text: str) -> None:
     assert 1.6 * 2**20 < len(text.encode()) < 8 * 2**20  # 1.8 MB
     got = client_for(lambda r: httpx.Response(200, text=text)).metrics_text()
     assert len(got) == len(text)
-    from diagnostics.core.catalog import parse_snapshot
+    from diagnostics.core.metrics.catalog import parse_snapshot
 
     assert len(parse_snapshot(got).engines) == 40
 

@@ -16,7 +16,7 @@ import httpx
 from streamlit.testing.v1 import AppTest
 
 from diagnostics.collector import Collector, register
-from diagnostics.core.gpu import GpuMemory, GpuReading
+from diagnostics.core.metrics.gpu import GpuMemory, GpuReading
 from diagnostics.recording import read_recording
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration.vllm_server import free_port

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from diagnostics.core.parse import parse_vllm_samples
+from diagnostics.core.metrics.parse import parse_vllm_samples
 
 
 def free_port() -> int:

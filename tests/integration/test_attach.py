@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from diagnostics.collector import Collector
-from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, NEEDS_A_FLAG
-from diagnostics.core.derive import derive_state, prefix_cache_hit_rate, rate_series, window
+from diagnostics.core.metrics.catalog import (
+    COUNTERS,
+    GAUGES,
+    HISTOGRAMS,
+    LABELLED_COUNTERS,
+    LABELLED_GAUGES,
+    NEEDS_A_FLAG,
+)
+from diagnostics.core.metrics.derive import derive_state, prefix_cache_hit_rate, rate_series, window
 from diagnostics.recording import RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from diagnostics.core.catalog import parse_snapshot
+from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.recording import read_recording
 from tests.integration import load
 from tests.integration.recorded import diagnose_json, record_while

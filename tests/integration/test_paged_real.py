@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from diagnostics.core.capacity import ModelShape, capacity
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.paged import KVCacheManager, Request
+from diagnostics.core.capacity.arithmetic import ModelShape, capacity
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.simulator.allocator import KVCacheManager, Request
 from tests.integration import load
 from tests.integration.vllm_server import SERVED_NAME, VllmServer
 

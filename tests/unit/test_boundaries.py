@@ -14,7 +14,7 @@ def test_core_imports_with_streamlit_httpx_and_nvml_absent() -> None:
         "import sys\n"
         "for name in ('streamlit', 'httpx', 'pynvml'):\n"
         "    sys.modules[name] = None\n"
-        "import diagnostics.core.catalog, diagnostics.core.derive, diagnostics.core.parse, diagnostics.core.info\n"
+        "import diagnostics.core.metrics.catalog, diagnostics.core.metrics.derive, diagnostics.core.metrics.parse, diagnostics.core.metrics.info\n"
         "import diagnostics.core.diagnosis, diagnostics.core.diagnosis.alerts\n"
         "import diagnostics.recording\n"
         "print('ok')\n"

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, NEEDS_A_FLAG, parse_snapshot
+from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, HISTOGRAMS, NEEDS_A_FLAG, parse_snapshot
 
 V0_ONLY = {"num_requests_swapped", "cpu_cache_usage_perc", "gpu_prefix_cache_hit_rate"}
 

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 
 from diagnostics.collector import Collector, shared_collector, stop_all
-from diagnostics.core.derive import rate_series
+from diagnostics.core.metrics.derive import rate_series
 from diagnostics.sources.vllm_http import VllmClient
 from tests.conftest import fixture_text
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from diagnostics.core.catalog import Histogram, parse_snapshot
-from diagnostics.core.derive import (
+from diagnostics.core.metrics.catalog import Histogram, parse_snapshot
+from diagnostics.core.metrics.derive import (
     Scrape,
     counter_rate,
     derive_state,

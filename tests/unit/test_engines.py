@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.derive import Scrape, derive_state
 from diagnostics.core.diagnosis import diagnose, prepare
-from diagnostics.core.diagnosis.engines import load_skews, per_engine, silent_ranks, slow_ranks
+from diagnostics.core.diagnosis.data_parallel import load_skews, per_engine, silent_ranks, slow_ranks
 from diagnostics.core.figures import ENGINE_PANELS, engines_figure
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import Scrape, derive_state
 from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from diagnostics.core import figures
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.gpu import GpuMemory
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.gpu import GpuMemory
 from diagnostics.recording import read_recording
 from tests.conftest import fixture_text
 from tests.unit.synth import scrape

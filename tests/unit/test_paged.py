@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diagnostics.core.capacity import blocks_for, parallel_sampling_blocks
-from diagnostics.core.paged import CopyOnWriteBlockTables, KVCacheManager, Request
+from diagnostics.core.capacity.arithmetic import blocks_for, parallel_sampling_blocks
+from diagnostics.core.simulator.allocator import CopyOnWriteBlockTables, KVCacheManager, Request
 
 
 def admit(manager: KVCacheManager, request: Request) -> list[int] | None:

@@ -5,7 +5,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from diagnostics.core.parse import parse_line, parse_vllm_samples
+from diagnostics.core.metrics.parse import parse_line, parse_vllm_samples
 from diagnostics.errors import BadMetricsPayload
 from tests.conftest import REAL_PAYLOADS, fixture_text
 

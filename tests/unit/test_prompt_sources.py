@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.derive import (
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import (
     Scrape,
     counter_increase,
     histogram_delta,

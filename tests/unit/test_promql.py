@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from diagnostics.core.catalog import parse_snapshot, snapshot_from_samples
 from diagnostics.core.diagnosis.types import Finding
-from diagnostics.core.fleet import FleetRow, fleet_findings, outliers
-from diagnostics.core.parse import parse_vllm_samples
-from diagnostics.core.promql import (
+from diagnostics.core.fleet.promql import (
     Scope,
     duration,
     exposition,
@@ -20,6 +17,9 @@ from diagnostics.core.promql import (
     parse_selector,
     raw_series_query,
 )
+from diagnostics.core.fleet.table import FleetRow, fleet_findings, outliers
+from diagnostics.core.metrics.catalog import parse_snapshot, snapshot_from_samples
+from diagnostics.core.metrics.parse import parse_vllm_samples
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from diagnostics.collector import Collector
-from diagnostics.core.derive import derive_state
+from diagnostics.core.metrics.derive import derive_state
 from diagnostics.errors import BadRecording
 from diagnostics.recording import Record, RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import VllmClient

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.derive import Scrape, roofline
 from diagnostics.core.figures import roofline_figure
-from diagnostics.core.gpu import peak_for
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import Scrape, roofline
+from diagnostics.core.metrics.gpu import peak_for
 from diagnostics.core.text import roofline_text
 from tests.conftest import fixture_text
 

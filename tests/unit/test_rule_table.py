@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, RATIOS, parse_snapshot
-from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import RULES, Budgets, Context, Rule, Thresholds, prepare
 from diagnostics.core.diagnosis.alerts import alert_rules
 from diagnostics.core.diagnosis.knobs import KNOBS_BY_ID
 from diagnostics.core.diagnosis.logs import ERROR_PATTERNS
 from diagnostics.core.diagnosis.rules import STARTUP_ERRORS
-from diagnostics.core.sim_scenarios import SCENARIOS, Scenario
+from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, HISTOGRAMS, RATIOS, parse_snapshot
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario
 from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
 from tests.unit.synth import down, scrape, text

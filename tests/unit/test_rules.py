@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import (
     Budgets,
     Finding,
@@ -22,6 +20,8 @@ from diagnostics.core.diagnosis import (
     exit_code,
     prepare,
 )
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import Scrape
 from tests.unit.synth import down, scrape
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -200,8 +200,8 @@ def test_parallel_sampling_without_prefix_caching(caching: bool, n_gt_1: int, ex
 
 
 def test_absent_metrics_say_so_in_info() -> None:
-    from diagnostics.core.catalog import parse_snapshot
-    from diagnostics.core.derive import Scrape
+    from diagnostics.core.metrics.catalog import parse_snapshot
+    from diagnostics.core.metrics.derive import Scrape
 
     history = [Scrape(float(t), parse_snapshot(f'vllm:num_requests_running{{model_name="m"}} {t}\n')) for t in range(3)]
     findings = diagnose(prepare(history))

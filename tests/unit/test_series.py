@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.derive import Scrape
-from diagnostics.core.series import gauge_series, increase_events, rate_series, rolling_ratio
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.series import gauge_series, increase_events, rate_series, rolling_ratio
 
 
 def _scrape(ts: float, gen: float, start: float, hits: float = 0, queries: float = 0, running: float = 1) -> Scrape:

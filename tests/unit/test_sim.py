@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from diagnostics.core.catalog import COUNTERS, GAUGES, NEEDS_A_FLAG, parse_snapshot
-from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare
-from diagnostics.core.sim_engine import EngineConfig, SimEngine
-from diagnostics.core.sim_scenarios import SCENARIOS, make_engines
+from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, NEEDS_A_FLAG, parse_snapshot
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.simulator.engine import EngineConfig, SimEngine
+from diagnostics.core.simulator.scenarios import SCENARIOS, make_engines
 from diagnostics.core.whatif import StepCost
 from diagnostics.sim.driver import Simulation
 from tests.conftest import fixture_text

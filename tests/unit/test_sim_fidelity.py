@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from diagnostics.core.derive import Scrape
-from diagnostics.core.sim_engine import EngineConfig, SimEngine
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.simulator.engine import EngineConfig, SimEngine
 from diagnostics.core.whatif import StepCost, calibrate
 from tests.fixtures.fidelity.events import FIDELITY, Events, _value, load, onset_bracketed, real_events
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from diagnostics.core.catalog import parse_snapshot
-from diagnostics.core.derive import Scrape, spec_decode
 from diagnostics.core.diagnosis import diagnose, prepare
 from diagnostics.core.figures import spec_decode_figure
-from diagnostics.core.sim_scenarios import SCENARIOS
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import Scrape, spec_decode
+from diagnostics.core.simulator.scenarios import SCENARIOS
 from diagnostics.sim.driver import Simulation
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from diagnostics.core import whatif
-from diagnostics.core.catalog import Histogram, parse_snapshot
-from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare
-from diagnostics.core.sim_engine import EngineConfig, SimEngine
+from diagnostics.core.metrics.catalog import Histogram, parse_snapshot
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.simulator.engine import EngineConfig, SimEngine
 from diagnostics.recording import read_recording
 from diagnostics.sim.metrics import SimMetrics
 
@@ -317,7 +317,7 @@ def test_a_prediction_from_a_simulated_window_matches_the_simulated_engine_run_w
     are what is reached here, per metric."""
     from dataclasses import replace
 
-    from diagnostics.core.sim_scenarios import SCENARIOS
+    from diagnostics.core.simulator.scenarios import SCENARIOS
     from diagnostics.sim.driver import Simulation
 
     def window(name: str) -> list[Scrape]:

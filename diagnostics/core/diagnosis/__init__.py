@@ -6,7 +6,7 @@ the :class:`Context` once; :data:`RULES` is the rule table the engine walks.
 
 from diagnostics.core.diagnosis.context import Context, prepare
 from diagnostics.core.diagnosis.diff import CommandDiff, command_diff
-from diagnostics.core.diagnosis.engine import diagnose, exit_code
+from diagnostics.core.diagnosis.runner import diagnose, exit_code
 from diagnostics.core.diagnosis.table import RULES, Rule
 from diagnostics.core.diagnosis.types import Budgets, Finding, KnownFlags, Suggestion, Thresholds
 

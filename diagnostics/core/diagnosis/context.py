@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from diagnostics.core.catalog import Histogram, Snapshot
-from diagnostics.core.derive import Scrape, counter_step, histogram_step, merge_histograms, restarted
 from diagnostics.core.diagnosis.latency import ItlProfile, itl_profile, large_step
 from diagnostics.core.diagnosis.logs import LogFacts, parse_log
 from diagnostics.core.diagnosis.types import Budgets, KnownFlags, Thresholds
-from diagnostics.core.info import ServerInfo
+from diagnostics.core.metrics.catalog import Histogram, Snapshot
+from diagnostics.core.metrics.derive import Scrape, counter_step, histogram_step, merge_histograms, restarted
+from diagnostics.core.metrics.info import ServerInfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from diagnostics.core.catalog import Histogram
-from diagnostics.core.derive import count_above, histogram_quantile, merge_histograms
 from diagnostics.core.diagnosis.types import Budgets, Thresholds
+from diagnostics.core.metrics.catalog import Histogram
+from diagnostics.core.metrics.derive import count_above, histogram_quantile, merge_histograms
 
 
 @dataclass(frozen=True, slots=True)

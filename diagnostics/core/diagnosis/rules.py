@@ -13,8 +13,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from diagnostics.core.catalog import Histogram
-from diagnostics.core.derive import (
+from diagnostics.core.diagnosis.context import Context, episodes
+from diagnostics.core.diagnosis.data_parallel import LoadSkew, engine_name, load_skews, silent_ranks, slow_ranks
+from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
+from diagnostics.core.diagnosis.logs import log_time
+from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
+from diagnostics.core.metrics.catalog import Histogram
+from diagnostics.core.metrics.derive import (
     Quantile,
     count_above,
     counter_steps,
@@ -26,11 +31,6 @@ from diagnostics.core.derive import (
     quantile_estimate,
     spec_decode,
 )
-from diagnostics.core.diagnosis.context import Context, episodes
-from diagnostics.core.diagnosis.engines import LoadSkew, engine_name, load_skews, silent_ranks, slow_ranks
-from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
-from diagnostics.core.diagnosis.logs import log_time
-from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
 from diagnostics.core.text import SLEEP_LEVELS, fmt_latency, fmt_seconds_as_ms
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from diagnostics.core.catalog import CacheConfig
 from diagnostics.core.diagnosis.logs import LogFacts
-from diagnostics.core.info import ServerInfo
+from diagnostics.core.metrics.catalog import CacheConfig
+from diagnostics.core.metrics.info import ServerInfo
 
 Severity = Literal["critical", "warning", "info"]
 Direction = Literal["increase", "decrease", "set"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diagnostics.core.catalog import CacheConfig
-from diagnostics.core.info import ServerInfo
+from diagnostics.core.metrics.catalog import CacheConfig
+from diagnostics.core.metrics.info import ServerInfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnostics.core.capacity import MODEL_PRESETS, ModelShape, capacity, kv_bytes_per_token, weight_bytes
-from diagnostics.core.paged import KVCacheManager, Request
+from diagnostics.core.capacity.arithmetic import MODEL_PRESETS, ModelShape, capacity, kv_bytes_per_token, weight_bytes
+from diagnostics.core.simulator.allocator import KVCacheManager, Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from diagnostics.core.catalog import CacheConfig, EngineKey, Histogram, Snapshot
+from diagnostics.core.metrics.catalog import CacheConfig, EngineKey, Histogram, Snapshot
 
 
 @dataclass(frozen=True, slots=True)

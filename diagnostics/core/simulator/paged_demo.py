@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from diagnostics.core.capacity import blocks_for, parallel_sampling_blocks
-from diagnostics.core.paged import CopyOnWriteBlockTables, KVCacheManager, Request
+from diagnostics.core.capacity.arithmetic import blocks_for, parallel_sampling_blocks
+from diagnostics.core.simulator.allocator import CopyOnWriteBlockTables, KVCacheManager, Request
 
 STATE_COLORS = {"null": "#424242", "free": "#f0f0f0", "cached": "#c6dbef", "used": "#74c476", "shared": "#fd8d3c"}
 

@@ -6,7 +6,7 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-from diagnostics.core.sim_engine import GPU_SPECS, EngineConfig, SimEngine
+from diagnostics.core.simulator.engine import GPU_SPECS, EngineConfig, SimEngine
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """The fleet view (pure): one row per instance, what stands out, and a fleet-wide diagnosis.
 
-Rows are built from the concept queries' answers (:data:`~diagnostics.core.promql.FLEET_COLUMNS`)
+Rows are built from the concept queries' answers (:data:`~diagnostics.core.fleet.promql.FLEET_COLUMNS`)
 and each instance's own diagnosis; :func:`outliers` marks the cells an on-call engineer should look
 at first, :func:`fleet_findings` says what several replicas share ("3 of 8 replicas preempting; all
 on model m").
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diagnostics.core.diagnosis.types import SEVERITY_ORDER, Finding
-from diagnostics.core.promql import Discovered
+from diagnostics.core.fleet.promql import Discovered
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from diagnostics.core.catalog import EngineKey, Snapshot
-from diagnostics.core.derive import Scrape, counter_step, restarted
+from diagnostics.core.metrics.catalog import EngineKey, Snapshot
+from diagnostics.core.metrics.derive import Scrape, counter_step, restarted
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,10 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from diagnostics.core.catalog import RATIOS, CacheConfig, EngineKey, Snapshot
-from diagnostics.core.derive import Scrape, labels_total, spec_decode
-from diagnostics.core.gpu import DevicePeak, GpuMemory
-from diagnostics.core.series import (
+from diagnostics.core.metrics.catalog import RATIOS, CacheConfig, EngineKey, Snapshot
+from diagnostics.core.metrics.derive import Scrape, labels_total, spec_decode
+from diagnostics.core.metrics.gpu import DevicePeak, GpuMemory
+from diagnostics.core.metrics.series import (
     QuantileSeries,
     Series,
     gauge_series,

@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from diagnostics.core.parse import PROCESS_START, Sample, parse_vllm_samples
+from diagnostics.core.metrics.parse import PROCESS_START, Sample, parse_vllm_samples
 
 EngineKey = tuple[str, str]
 """``(model_name, engine)`` as labelled; ``""`` where the version has no such label."""

@@ -11,9 +11,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from diagnostics.core import derive
-from diagnostics.core.catalog import Histogram, Snapshot
-from diagnostics.core.derive import Quantile, Scrape, counter_step, histogram_step, quantile_estimate, restarted
+from diagnostics.core.metrics import derive
+from diagnostics.core.metrics.catalog import Histogram, Snapshot
+from diagnostics.core.metrics.derive import Quantile, Scrape, counter_step, histogram_step, quantile_estimate, restarted
 
 DEFAULT_MAX_POINTS = 400
 

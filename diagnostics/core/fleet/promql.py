@@ -11,7 +11,7 @@ Two kinds of question go to Prometheus:
   fleet, never one per instance.
 * **The raw series** of one instance (or of the fleet) over a range, at a step: every ``vllm:``
   sample, ``up`` and ``process_start_time_seconds``, regrouped per instance and timestamp into
-  :class:`~diagnostics.core.derive.Scrape` — the very history the collector keeps — so the pages
+  :class:`~diagnostics.core.metrics.derive.Scrape` — the very history the collector keeps — so the pages
   and the diagnosis work on a Prometheus-backed target unchanged (:func:`histories_from_matrix`),
   and into exposition text for a recording (:func:`exposition`).
 """
@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from diagnostics.core.catalog import COUNTERS, GAUGES, HISTOGRAMS, MEAN_CONCEPTS, snapshot_from_samples
-from diagnostics.core.derive import Scrape
-from diagnostics.core.parse import PROCESS_START, Sample
+from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, HISTOGRAMS, MEAN_CONCEPTS, snapshot_from_samples
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.parse import PROCESS_START, Sample
 
 TARGET_LABELS = ("job", "instance")
 """Labels Prometheus adds to every scraped series; stripped before the catalog sees a sample."""

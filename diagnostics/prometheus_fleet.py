@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from diagnostics.core import promql
-from diagnostics.core.derive import Scrape
 from diagnostics.core.diagnosis import Budgets, Finding, diagnose, prepare
-from diagnostics.core.fleet import FleetFinding, FleetRow, Outlier, fleet_findings, outliers, rows
-from diagnostics.core.gpu import GpuReading
-from diagnostics.core.info import ServerInfo, TargetStatus
-from diagnostics.core.promql import Discovered, Scope
+from diagnostics.core.fleet import promql
+from diagnostics.core.fleet.promql import Discovered, Scope
+from diagnostics.core.fleet.table import FleetFinding, FleetRow, Outlier, fleet_findings, outliers, rows
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.gpu import GpuReading
+from diagnostics.core.metrics.info import ServerInfo, TargetStatus
 from diagnostics.errors import TargetError
 from diagnostics.recording import Record
 from diagnostics.sources.prometheus import PrometheusClient

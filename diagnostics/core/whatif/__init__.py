@@ -15,7 +15,7 @@ Three steps, each pure and each reporting how well it fits the window it came fr
    while decoding) against the running count and the prefill tokens per step; the KV block budget
    from ``cache_config_info``. A CPU-served test model and an H100 both start from what they
    showed, not from a preset. The fit's error on the window's own intervals is reported.
-3. :func:`predict`: the window replayed on :class:`~diagnostics.core.sim_engine.SimEngine` (vLLM's
+3. :func:`predict`: the window replayed on :class:`~diagnostics.core.simulator.engine.SimEngine` (vLLM's
    scheduler over the real block allocator) under the current flags, and under the change; the
    metrics on both sides are computed the way the dashboard computes them from a server (the same
    histogram buckets, the same interpolation), so "before" is comparable with the recording.
@@ -31,8 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from diagnostics.core.catalog import CacheConfig, Histogram
-from diagnostics.core.derive import (
+from diagnostics.core.diagnosis.types import Finding
+from diagnostics.core.metrics.catalog import CacheConfig, Histogram
+from diagnostics.core.metrics.derive import (
     Scrape,
     counter_step,
     histogram_delta,
@@ -40,8 +41,7 @@ from diagnostics.core.derive import (
     labels_total,
     restarted,
 )
-from diagnostics.core.diagnosis.types import Finding
-from diagnostics.core.sim_engine import EngineConfig, SimEngine, StepStats
+from diagnostics.core.simulator.engine import EngineConfig, SimEngine, StepStats
 
 # --max-num-seqs … as the suggestions and the CLI spell them → the EngineConfig field they set.
 MODELLED = {
