@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diagnostics.core import whatif  # noqa: E402
+from diagnostics.core.diagnosis import KnownFlags  # noqa: E402
 from diagnostics.core.metrics.catalog import parse_snapshot  # noqa: E402
 from diagnostics.core.metrics.derive import Scrape  # noqa: E402
 from diagnostics.sim.driver import Simulation  # noqa: E402
@@ -38,7 +39,7 @@ def main() -> None:
         window = [Scrape(ts, parse_snapshot(text)) for ts, text in sim.run_for(args.minutes * 60, scrape_every=5.0)]
         made = time.perf_counter() - start
         start = time.perf_counter()
-        base = whatif.baseline(window, {})
+        base = whatif.baseline(window, KnownFlags())
         baseline_s = time.perf_counter() - start
         per = []
         for change in CANDIDATES[name]:

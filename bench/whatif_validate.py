@@ -70,9 +70,7 @@ def validate(name: str, work: Path, seed: int) -> dict[str, object]:
     if sug.value is None:
         return {"case": name, "class": case.incident, "finding": top.id, "change": f"{sug.flag} (no value)",
                 "rows": {}, "direction_right": None, "calibration_error": None}
-    known = {"max_num_seqs": ctx.flags.max_num_seqs, "max_num_batched_tokens": ctx.flags.max_num_batched_tokens,
-             "max_model_len": ctx.flags.max_model_len}
-    pred = whatif.baseline(scrapes, known).predict(whatif.suggestion_changes(sug.flag, sug.value))
+    pred = whatif.baseline(scrapes, ctx.flags).predict(whatif.suggestion_changes(sug.flag, sug.value))
     record_case(case, work, seed, out=after_path, args=with_flag(case.args, sug.flag, sug.value))
     measured = whatif.recorded(read_recording(after_path).scrapes())
     rows = {}

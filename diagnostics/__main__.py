@@ -412,11 +412,6 @@ def _window(args: argparse.Namespace) -> tuple[list[Scrape], ServerInfo | None]:
     return [], None
 
 
-def _known(flags: KnownFlags) -> dict[str, Any]:
-    return {"max_num_seqs": flags.max_num_seqs, "max_num_batched_tokens": flags.max_num_batched_tokens,
-            "max_model_len": flags.max_model_len}
-
-
 def _changes(pairs: Sequence[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:
@@ -434,7 +429,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     history, info = _window(args)
     ctx = prepare(history, info=info, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
     try:
-        base = whatif.baseline(history, _known(ctx.flags))
+        base = whatif.baseline(history, ctx.flags)
         prediction = base.predict(changes)
     except whatif.NotModelled as exc:
         raise CliError(f"not modelled: {exc}", 2) from None
@@ -474,7 +469,7 @@ def _render_whatif(p: whatif.Prediction) -> str:
 def _metric(name: str, value: float | None) -> str:
     if value is None:
         return "—"
-    return whatif._fmt(name, value)
+    return whatif.fmt_value(name, value)
 
 
 def _pct(value: float | None) -> str:
@@ -494,7 +489,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
                   max_num_batched_tokens=args.max_num_batched_tokens)
     findings = diagnose(ctx)
     if args.predict and history:
-        predicted, _, _ = whatif.with_predictions(findings, history, _known(ctx.flags))
+        predicted, _, _ = whatif.with_predictions(findings, history, ctx.flags)
         findings = list(predicted)
     if args.json:
         print(json.dumps({"findings": [f.to_json() for f in findings]}, indent=1, default=str))

@@ -34,8 +34,8 @@ def diff_text(flags: KnownFlags, suggestion: Suggestion) -> str:
 
 @st.cache_data(show_spinner="Replaying this window on the simulated engine…", max_entries=16, ttl=900)
 def _predicted(key: tuple[object, ...], _findings: Sequence[Finding], _history: Sequence[Scrape],
-               known: dict[str, int | None]) -> tuple[tuple[Finding, ...], dict[str, float | None] | None, str | None]:
-    found, base, why = whatif.with_predictions(_findings, _history, known)
+               _flags: KnownFlags) -> tuple[tuple[Finding, ...], dict[str, float | None] | None, str | None]:
+    found, base, why = whatif.with_predictions(_findings, _history, _flags)
     return found, (base.baseline_error if base is not None else None), why
 
 
@@ -47,12 +47,9 @@ def with_predictions(findings: Sequence[Finding], history: Sequence[Scrape], fla
     if not ok:
         return tuple(findings), None, None
     last = ok[-1].ts // 30 if live else ok[-1].ts
-    known = {"max_num_seqs": flags.max_num_seqs, "max_num_batched_tokens": flags.max_num_batched_tokens,
-             "max_model_len": flags.max_model_len}
     key = (len(ok) if not live else 0, ok[0].ts if not live else 0, last,
-           tuple((f.id, tuple((s.flag, str(s.value)) for s in f.suggestions)) for f in findings),
-           tuple(sorted(known.items())))
-    cached, error, why = _predicted(key, tuple(findings), ok, known)
+           tuple((f.id, tuple((s.flag, str(s.value)) for s in f.suggestions)) for f in findings), flags)
+    cached, error, why = _predicted(key, tuple(findings), ok, flags)
     # The cache keys on the findings' suggestions: apply what it holds to the findings of this run.
     by_id = {(f.id, tuple((s.flag, str(s.value)) for s in f.suggestions)): f for f in cached}
     out = tuple(by_id.get((f.id, tuple((s.flag, str(s.value)) for s in f.suggestions)), f) for f in findings)

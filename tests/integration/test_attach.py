@@ -19,7 +19,7 @@ from diagnostics.core.metrics.catalog import (
     LABELLED_GAUGES,
     NEEDS_A_FLAG,
 )
-from diagnostics.core.metrics.derive import derive_state, prefix_cache_hit_rate, rate_series, window
+from diagnostics.core.metrics.derive import counter_steps, derive_state, prefix_cache_hit_rate, window
 from diagnostics.recording import RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
@@ -136,7 +136,7 @@ def test_kill9_then_restart_keeps_history_and_gives_no_negative_rate(vllm_tiny: 
     assert any(s.snapshot is None for s in history)
     assert history[0].snapshot is not None and history[-1].snapshot is not None
     for concept in ("generation_tokens", "prompt_tokens", "num_preemptions"):
-        assert all(v >= 0 for _, v in rate_series(history, concept)), concept
+        assert all(inc >= 0 for _, _, inc in counter_steps(history, lambda s, c=concept: s.value(c))), concept
     assert derive_state(history, 3600).generation_tokens_rate >= 0
 
 

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 
 from diagnostics.collector import Collector, shared_collector, stop_all
-from diagnostics.core.metrics.derive import rate_series
+from diagnostics.core.metrics.derive import counter_steps
 from diagnostics.sources.vllm_http import VllmClient
 from tests.conftest import fixture_text
 
@@ -72,7 +72,7 @@ def test_down_since_first_failure_and_history_kept_across_the_gap() -> None:
     assert [s.snapshot is not None for s in history] == [True, True, False, False, True]
     assert "cannot reach" in (history[2].error or "")
     assert collector.status().state == "up" and collector.status().since == 1004.0
-    assert all(v >= 0 for _, v in rate_series(history, "generation_tokens"))
+    assert all(inc >= 0 for _, _, inc in counter_steps(history, lambda s: s.value("generation_tokens")))
 
 
 def test_not_vllm_and_garbage_are_states_not_crashes() -> None:

@@ -10,6 +10,7 @@ from diagnostics.core.metrics.catalog import Histogram, parse_snapshot
 from diagnostics.core.metrics.derive import (
     Scrape,
     counter_rate,
+    counter_steps,
     derive_state,
     histogram_delta,
     histogram_quantile,
@@ -17,7 +18,6 @@ from diagnostics.core.metrics.derive import (
     increase,
     prefix_cache_hit_rate,
     quantile_estimate,
-    rate_series,
     window,
 )
 from diagnostics.core.text import fmt_latency
@@ -47,25 +47,29 @@ def scrape(ts: float, **kw: object) -> Scrape:
     return Scrape(ts, parse_snapshot(payload(**kw)))  # type: ignore[arg-type]
 
 
+def generated(history: list[Scrape]) -> list[tuple[float, float, float]]:
+    """``(previous ts, ts, tokens generated)`` between the scrapes that carry the counter."""
+    return counter_steps(history, lambda s: s.value("generation_tokens"))
+
+
 def test_increase_treats_a_drop_as_a_reset() -> None:
     assert increase([10, 15, 3, 8]) == 5 + 3 + 5
 
 
 def test_counter_reset_gives_no_negative_rate_and_no_spike() -> None:
     history = [scrape(0, gen=1000), scrape(1, gen=1100), scrape(2, gen=20, start=2000), scrape(3, gen=120, start=2000)]
-    series = rate_series(history, "generation_tokens")
-    assert [v for _, v in series] == [100.0, 20.0, 100.0]
+    assert [inc for _, _, inc in generated(history)] == [100.0, 20.0, 100.0]  # one-second intervals
     assert counter_rate(history, "generation_tokens") == pytest.approx(220 / 3)
 
 
 def test_restart_detected_by_start_time_even_when_the_counter_grew() -> None:
     history = [scrape(0, gen=10), scrape(1, gen=500, start=2000)]
-    assert [v for _, v in rate_series(history, "generation_tokens")] == [500.0]
+    assert [inc for _, _, inc in generated(history)] == [500.0]
 
 
 def test_error_scrapes_leave_gaps_not_zeros() -> None:
     history = [scrape(0, gen=0), Scrape(1, None, "down"), scrape(2, gen=200)]
-    assert rate_series(history, "generation_tokens") == [(2, 100.0)]
+    assert generated(history) == [(0, 2, 200.0)]  # one step across the gap
 
 
 def test_hit_rate_is_windowed_not_lifetime() -> None:

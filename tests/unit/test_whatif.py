@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.core import whatif
-from diagnostics.core.diagnosis import Budgets, diagnose, prepare
+from diagnostics.core.diagnosis import Budgets, KnownFlags, diagnose, prepare
 from diagnostics.core.metrics.catalog import Histogram, parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.simulator.engine import EngineConfig, SimEngine
@@ -195,21 +195,21 @@ def test_the_baseline_replay_reproduces_the_recording(name: str) -> None:
     """Measured bands on four real recordings (three model shapes, a 2-core host whose step times
     swing 10× under contention): the replay under the current flags gives the recording's ITL p95
     within 50 % and its output tokens/s within 30 %."""
-    base = whatif.baseline(recording(name), {})
+    base = whatif.baseline(recording(name), KnownFlags())
     assert base.baseline_error["itl_p95_seconds"] is not None and base.baseline_error["itl_p95_seconds"] <= 0.5
     assert base.baseline_error["output_tokens_per_second"] is not None
     assert base.baseline_error["output_tokens_per_second"] <= 0.3  # 27 % on the KV-pressure recording
 
 
 def test_raising_the_cap_of_a_queue_at_the_cap_drains_it() -> None:
-    p = whatif.baseline(recording("queue_cap_closed_loop"), {}).predict({"--max-num-seqs": "20"})
+    p = whatif.baseline(recording("queue_cap_closed_loop"), KnownFlags()).predict({"--max-num-seqs": "20"})
     waiting, ttft = p.metric("max_num_requests_waiting"), p.metric("ttft_p50_seconds")
     assert waiting["after"] is not None and waiting["before"] is not None and waiting["after"] < waiting["before"]
     assert ttft["after"] is not None and ttft["before"] is not None and ttft["after"] < ttft["before"] / 2
 
 
 def test_more_kv_blocks_for_a_preempting_server_means_fewer_preemptions() -> None:
-    p = whatif.baseline(recording("kv_pressure_blocks_override"), {}).predict({"--num-gpu-blocks-override": "36"})
+    p = whatif.baseline(recording("kv_pressure_blocks_override"), KnownFlags()).predict({"--num-gpu-blocks-override": "36"})
     pre = p.metric("preemptions_per_minute")
     assert pre["before"] and pre["after"] is not None and pre["after"] < pre["before"]
 
@@ -219,7 +219,7 @@ def test_smaller_prefill_chunks_cut_the_longest_head_of_line_stalls() -> None:
     512 split each stall into four shorter ones: the longest gaps (p99.9) shrink. (p99 may rise:
     four steps now carry a piece of each prompt; the real server did that too, see the README's
     what-if table.)"""
-    p = whatif.baseline(recording("hol_long_prefills"), {}).predict({"--max-num-batched-tokens": "512"})
+    p = whatif.baseline(recording("hol_long_prefills"), KnownFlags()).predict({"--max-num-batched-tokens": "512"})
     p999 = p.metric("itl_p999_seconds")
     assert p999["before"] and p999["after"] is not None and p999["after"] < 0.7 * p999["before"]
 
@@ -227,13 +227,14 @@ def test_smaller_prefill_chunks_cut_the_longest_head_of_line_stalls() -> None:
 def test_every_warning_suggestion_gets_a_prediction_or_says_why_not() -> None:
     scrapes = recording("slow_decode_small")
     ctx = prepare(scrapes, budgets=Budgets(itl_ms=60))
-    findings, base, why = whatif.with_predictions(diagnose(ctx), scrapes, {})
+    findings, base, why = whatif.with_predictions(diagnose(ctx), scrapes, KnownFlags())
     assert base is not None and why is None
     slow = next(f for f in findings if f.id == "slow_decode")
     first = slow.suggestions[0]
     assert first.flag == "--max-num-seqs" and first.prediction is not None
-    assert set(first.prediction) == set(whatif.METRICS)
-    assert first.prediction["itl_p95_seconds"]["after"] < first.prediction["itl_p95_seconds"]["before"]
+    assert set(first.to_json()["prediction"]) == set(whatif.METRICS)
+    itl_p95 = first.prediction.metric("itl_p95_seconds")
+    assert itl_p95["after"] is not None and itl_p95["before"] is not None and itl_p95["after"] < itl_p95["before"]
     assert first.to_json()["prediction_note"].startswith("ITL")
     unmodelled = [s for s in slow.suggestions if s.flag == "--quantization"]
     assert unmodelled and unmodelled[0].prediction is None and "not modelled" in (unmodelled[0].prediction_note or "")
@@ -244,7 +245,7 @@ def test_every_warning_suggestion_gets_a_prediction_or_says_why_not() -> None:
 def test_a_window_without_traffic_gives_a_reason_not_a_prediction() -> None:
     quiet = recording("healthy_closed_loop")[:3]
     with pytest.raises(ValueError):
-        whatif.baseline(quiet, {})
+        whatif.baseline(quiet, KnownFlags())
 
 
 # -- the CLI --------------------------------------------------------------------------------------
@@ -324,7 +325,7 @@ def test_a_prediction_from_a_simulated_window_matches_the_simulated_engine_run_w
         return [Scrape(ts, parse_snapshot(text)) for ts, text in Simulation(name).run_for(120)]
 
     base = SCENARIOS[scenario]
-    known = {"max_num_seqs": base.config.max_num_seqs, "max_num_batched_tokens": base.config.max_num_batched_tokens}
+    known = KnownFlags(max_num_seqs=base.config.max_num_seqs, max_num_batched_tokens=base.config.max_num_batched_tokens)
     prediction = whatif.baseline(window(scenario), known).predict({flag: str(value)})
     monkeypatch.setitem(SCENARIOS, "changed", replace(base, name="changed",
                                                       config=replace(base.config, **{field: value})))
@@ -356,7 +357,7 @@ def test_parallel_samples_are_counted_and_replayed_as_vllm_counts_them() -> None
     assert w is not None
     assert (w.n, len(w.requests), w.requests_finished) == (8.0, 80, 80.0)
     assert w.prefix_hit_fraction == 0.0 and w.max_tokens_mean == 32.0
-    base = whatif.baseline(recording("sharing_off_n8"), {})
+    base = whatif.baseline(recording("sharing_off_n8"), KnownFlags())
     err = base.baseline_error["output_tokens_per_second"]
     assert err is not None and err < 0.9  # each sample replayed once (8× too much work before the fix)
 
@@ -368,11 +369,11 @@ def test_generator_settings_come_back_out_of_the_window() -> None:
 
 def test_max_model_len_turns_away_exactly_the_requests_that_do_not_fit() -> None:
     # kv_pressure_blocks_override: 30 requests of 10 words and 200 tokens: none fits in 150.
-    p = whatif.baseline(recording("kv_pressure_blocks_override"), {}).predict({"--max-model-len": "150"})
+    p = whatif.baseline(recording("kv_pressure_blocks_override"), KnownFlags()).predict({"--max-model-len": "150"})
     assert p.after.requests_rejected == 30 and p.metric("output_tokens_per_second")["after"] == 0.0
     # queue_cap_closed_loop: 20 closed-loop clients, 40-word prompts and 128 tokens: the first
     # request of each client is turned away under 100, and a turned-away client sends no more.
-    q = whatif.baseline(recording("queue_cap_closed_loop"), {}).predict({"--max-model-len": "100"})
+    q = whatif.baseline(recording("queue_cap_closed_loop"), KnownFlags()).predict({"--max-model-len": "100"})
     assert q.after.requests_rejected == 20
 
 
@@ -403,7 +404,7 @@ def test_the_simulated_engine_spends_no_time_outside_its_engine() -> None:
 def test_a_window_that_cannot_be_replayed_notes_every_suggestion_and_costs_no_finding() -> None:
     scrapes = recording("queue_cap_closed_loop")
     findings = diagnose(prepare(scrapes))
-    noted, base, why = whatif.with_predictions(findings, scrapes[:2], {})
+    noted, base, why = whatif.with_predictions(findings, scrapes[:2], KnownFlags())
     assert base is None and why is not None
     assert [f.id for f in noted] == [f.id for f in findings]
     suggestions = [s for f in noted if f.severity != "info" for s in f.suggestions]
@@ -419,16 +420,26 @@ def test_whatif_on_an_empty_window_is_unknown_not_bad_usage(tmp_path: Path) -> N
     assert out.returncode == 3 and "cannot replay this window" in out.stderr
 
 
+def predicted(before: dict[str, float | None], after: dict[str, float | None]) -> whatif.Prediction:
+    """A prediction with these metrics before and after (the workload and the recording do not matter)."""
+    lengths = whatif.LengthDist(10.0, ((0.0, 20.0, 1.0),))
+    workload = whatif.InferredWorkload(60.0, (0.0,), lengths, lengths, 1.0, 0.0, None, 1.0)
+    return whatif.Prediction({}, workload, calibration(), whatif.Outcome(before), whatif.Outcome(after),
+                             whatif.Outcome({}), {})
+
+
 def test_the_prediction_chart_colours_gains_green_and_costs_red() -> None:
     from diagnostics.core.figures import prediction_figure
 
-    fig = prediction_figure({"itl_p95_seconds": {"before": 0.1, "after": 0.05},          # halved: a gain
-                             "output_tokens_per_second": {"before": 100.0, "after": 80.0},  # fewer: a cost
-                             "preemptions_per_minute": {"before": 0.0, "after": 0.0}})    # nothing: no bar
+    fig = prediction_figure(predicted({"itl_p95_seconds": 0.1, "output_tokens_per_second": 100.0,
+                                       "preemptions_per_minute": 0.0},
+                                      {"itl_p95_seconds": 0.05,             # halved: a gain
+                                       "output_tokens_per_second": 80.0,    # fewer: a cost
+                                       "preemptions_per_minute": 0.0}))     # nothing: no bar
     assert fig is not None
     bar = fig.data[0]
     assert list(bar.y) == ["ITL p95", "output tok/s"]
     assert list(bar.x) == pytest.approx([-50.0, -20.0])
     assert list(bar.marker.color) == ["#2ca02c", "#d62728"]
     assert "100 ms → ~50 ms" in bar.text[0]
-    assert prediction_figure({"itl_p95_seconds": {"before": None, "after": 0.1}}) is None
+    assert prediction_figure(predicted({"itl_p95_seconds": None}, {"itl_p95_seconds": 0.1})) is None

@@ -5,11 +5,14 @@ is judged against (:class:`Budgets`, :class:`Thresholds`) and what is known of t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from diagnostics.core.diagnosis.logs import LogFacts
 from diagnostics.core.metrics.catalog import CacheConfig
 from diagnostics.core.metrics.info import ServerInfo
+
+if TYPE_CHECKING:  # the what-if attaches it; importing it here would make every diagnosis load the simulator
+    from diagnostics.core.whatif.predict import Prediction
 
 Severity = Literal["critical", "warning", "info"]
 Direction = Literal["increase", "decrease", "set"]
@@ -24,16 +27,15 @@ class Suggestion:
     direction: Direction
     value: float | int | str | None
     why: str
-    # What the simulated engine replaying the window predicts the change does ({metric: {before,
-    # after, recorded}}), attached by diagnostics.core.whatif.with_predictions; the note says it in
-    # words, or why there is no prediction.
-    prediction: dict[str, Any] | None = None
+    # What the simulated engine replaying the window predicts the change does, attached by
+    # diagnostics.core.whatif.with_predictions; the note says it in words, or why there is no prediction.
+    prediction: Prediction | None = None
     prediction_note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"flag": self.flag, "direction": self.direction, "value": self.value, "why": self.why}
         if self.prediction is not None or self.prediction_note is not None:
-            out["prediction"] = self.prediction
+            out["prediction"] = self.prediction.to_json() if self.prediction is not None else None
             out["prediction_note"] = self.prediction_note
         return out
 

@@ -29,7 +29,7 @@ from diagnostics.core.metrics.series import (
     rolling_ratio,
 )
 from diagnostics.core.text import fmt_latency
-from diagnostics.core.whatif import HIGHER_IS_BETTER, LABELS, METRICS, fmt_value
+from diagnostics.core.whatif import HIGHER_IS_BETTER, LABELS, METRICS, Prediction, fmt_value
 
 GIB = 1024**3
 LATENCY_NAMES = {
@@ -579,14 +579,13 @@ def distribution_figure(title: str, series: Mapping[str, Sequence[float]], unit:
     return _layout(fig, title, "count", xaxis_title=unit, hovermode="closest")
 
 
-def prediction_figure(prediction: Mapping[str, Mapping[str, float | None]]) -> go.Figure | None:
-    """A suggestion's predicted effect (``whatif.Prediction.to_json()``): one bar per metric, the
-    change from the replay under the current flags to the replay under the change, green where it
-    helps and red where it costs, each labelled with both values in units a person reads."""
+def prediction_figure(prediction: Prediction) -> go.Figure | None:
+    """A suggestion's predicted effect: one bar per metric, the change from the replay under the
+    current flags to the replay under the change, green where it helps and red where it costs, each
+    labelled with both values in units a person reads."""
     names, changes, colors, texts = [], [], [], []
     for metric in METRICS:
-        m = prediction.get(metric) or {}
-        before, after = m.get("before"), m.get("after")
+        before, after = prediction.before.metrics.get(metric), prediction.after.metrics.get(metric)
         if before is None or after is None or (before == 0 and after == 0):
             continue
         change = (after - before) / before * 100 if before else 100.0

@@ -566,9 +566,3 @@ def counter_steps(
     :func:`counter_step`)."""
     points = [p for p in _points(scrapes, pick) if not math.isnan(p[1])]
     return [(t0, t1, counter_step(v0, v1, restart)) for (t0, v0, _), (t1, v1, restart) in zip(points, points[1:])]
-
-
-def rate_series(history: Sequence[Scrape], concept: str, engine: EngineKey | None = None) -> list[tuple[float, float]]:
-    """Per-interval rate of a counter between consecutive scrapes that carry it (for plotting)."""
-    return [(t1, inc / (t1 - t0)) for t0, t1, inc in counter_steps(history, lambda s: s.value(concept, engine))
-            if t1 > t0]

@@ -1,0 +1,135 @@
+"""A what-if of one window: infer, calibrate and replay it under the current flags once
+(:func:`baseline`), then under each change (:meth:`Baseline.predict`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from diagnostics.core.diagnosis.types import KnownFlags
+from diagnostics.core.metrics.derive import Scrape, histogram_delta
+from diagnostics.core.whatif.calibrate import Calibration, calibrate
+from diagnostics.core.whatif.flags import Flags, apply, current_flags
+from diagnostics.core.whatif.replay import ITL_BOUNDS, METRICS, TTFT_BOUNDS, Outcome, bucket_bounds, recorded, replay
+from diagnostics.core.whatif.workload import InferredWorkload, infer_workload
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Before (the replay under the current flags) and after (under the change), the recording's own
+    numbers beside them, and how far the baseline replay is from the recording."""
+
+    changes: dict[str, str]
+    workload: InferredWorkload
+    calibration: Calibration
+    before: Outcome
+    after: Outcome
+    measured: Outcome
+    baseline_error: dict[str, float | None]
+
+    def metric(self, name: str) -> dict[str, float | None]:
+        return {"before": self.before.metrics.get(name), "after": self.after.metrics.get(name),
+                "recorded": self.measured.metrics.get(name)}
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: {k: (None if v is None else round(v, 6)) for k, v in self.metric(name).items()}
+                for name in METRICS}
+
+    def full_json(self) -> dict[str, Any]:
+        return {"changes": self.changes, "prediction": self.to_json(), "workload": self.workload.to_json(),
+                "calibration": self.calibration.to_json(),
+                "baseline_error": {k: None if v is None else round(v, 3) for k, v in self.baseline_error.items()},
+                "requests_rejected_after": self.after.requests_rejected}
+
+
+def _relative_error(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None:
+        return None
+    if real == 0:
+        return 0.0 if sim == 0 else None
+    return abs(sim - real) / abs(real)
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """Everything a what-if of one window needs, computed once: the workload, the calibration, the
+    current flags, the baseline replay and the recording's own numbers."""
+
+    workload: InferredWorkload
+    calibration: Calibration
+    flags: Flags
+    before: Outcome
+    measured: Outcome
+    bounds: dict[str, tuple[float, ...]]
+    seed: int = 0
+
+    @property
+    def baseline_error(self) -> dict[str, float | None]:
+        return {name: _relative_error(self.before.metrics[name], self.measured.metrics[name]) for name in METRICS}
+
+    def predict(self, changes: Mapping[str, str | float | int | bool]) -> Prediction:
+        """The window replayed under ``changes``; :class:`NotModelled` for a change not modelled."""
+        after_flags = apply(self.flags, self.calibration, changes)
+        after = replay(self.workload, self.calibration, after_flags, seed=self.seed,
+                       served_len=self.flags.max_model_len, itl_bounds=self.bounds["itl_bounds"],
+                       ttft_bounds=self.bounds["ttft_bounds"])
+        return Prediction({k: str(v) for k, v in changes.items()}, self.workload, self.calibration, self.before,
+                          after, self.measured, self.baseline_error)
+
+
+def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0) -> Baseline:
+    """Infer, calibrate and replay the window under the current flags (``known``: what the server
+    said about itself; the window fills in the token budget and the cap where it shows them).
+    ``ValueError`` (saying what is missing) when the window cannot be replayed."""
+    ok = [s for s in scrapes if s.snapshot is not None]
+    if len(ok) < 3:
+        raise ValueError("a what-if needs at least three good scrapes")
+    workload = infer_workload(ok)
+    if workload is None:
+        raise ValueError("the window shows no workload to replay (no finished requests, or the server does not "
+                         "export request_success, the running/waiting gauges and the length histograms)")
+    last = ok[-1].snapshot
+    assert last is not None
+    calibration = calibrate(ok, last.cache_config, seed)
+    if calibration is None:
+        raise ValueError("cannot calibrate the simulated engine: it needs engine steps while requests run and "
+                         "the KV block budget (vllm:cache_config_info num_gpu_blocks, block_size)")
+    longest_prompt = max(v for v, _ in workload.prompt.values())
+    if not known.max_num_batched_tokens:
+        split_at = _largest_step(ok)
+        if split_at is not None and longest_prompt > split_at:
+            # Prompts longer than any step: split at the budget.
+            known = replace(known, max_num_batched_tokens=split_at)
+    budget = known.max_num_batched_tokens or 8192
+    # Long prompts that fill whole steps make requests wait for the token budget, not for the cap.
+    if not known.max_num_seqs and longest_prompt < 0.5 * budget:
+        # Requests waited while running sat at its highest count, scrape after scrape: that is the cap.
+        queued_at = [s.snapshot.value("num_requests_running") or 0.0 for s in ok if s.snapshot is not None
+                     and (s.snapshot.value("num_requests_waiting") or 0) > 0]
+        at_top = sum(1 for v in queued_at if v >= calibration.max_running)
+        if at_top >= 3 and at_top >= 0.6 * len(queued_at):
+            known = replace(known, max_num_seqs=int(calibration.max_running))
+    flags = current_flags(calibration, known)
+    bounds = {"itl_bounds": bucket_bounds(ok, "inter_token_latency_seconds", ITL_BOUNDS),
+              "ttft_bounds": bucket_bounds(ok, "time_to_first_token_seconds", TTFT_BOUNDS)}
+    before = replay(workload, calibration, flags, seed=seed, itl_bounds=bounds["itl_bounds"],
+                    ttft_bounds=bounds["ttft_bounds"])
+    return Baseline(workload, calibration, flags, before, recorded(ok), bounds, seed)
+
+
+def _largest_step(scrapes: Sequence[Scrape]) -> int | None:
+    """The upper bound of the largest tokens-per-step bucket the window saw: vLLM never schedules
+    more than --max-num-batched-tokens in a step, so when prompts longer than that were served they
+    were split at the budget (used only then, and only when the flag is not known)."""
+    steps = histogram_delta(scrapes, "iteration_tokens")
+    if steps is None or not steps.count:
+        return None
+    prev = 0.0
+    top = None
+    for bound, cum in zip(steps.bounds, steps.cumulative):
+        if cum > prev and math.isfinite(bound):
+            top = int(bound)
+        prev = cum
+    return top
