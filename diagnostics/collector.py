@@ -48,7 +48,11 @@ class Collector:
         raw_retention_seconds: float = DEFAULT_RAW_RETENTION_SECONDS,
         gpu_reader: GpuReader | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] | None = None,
     ) -> None:
+        """``clock`` stamps the scrapes; ``monotonic`` and ``sleep`` pace the loop (a test injects
+        fake ones to run intervals without waiting; ``sleep`` defaults to a wait that ``stop`` ends)."""
         if interval_seconds < MIN_INTERVAL_SECONDS:
             raise ValueError(f"interval must be at least {MIN_INTERVAL_SECONDS} s")
         self.client = client
@@ -67,6 +71,8 @@ class Collector:
         self._sinks: list[Sink] = []
         self.sink_errors: list[str] = []  # sinks dropped because they raised (see _emit)
         self._stop = threading.Event()
+        self._monotonic = monotonic
+        self._sleep = sleep or self._stop.wait
         self._thread: threading.Thread | None = None
         self._state: TargetState = "starting"
         self._since: float | None = None
@@ -166,16 +172,16 @@ class Collector:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
-        next_tick = time.monotonic()
+        next_tick = self._monotonic()
         while not self._stop.is_set():
             self.scrape_once()
             next_tick += self.interval_seconds
-            delay = next_tick - time.monotonic()
+            delay = next_tick - self._monotonic()
             if delay < 0:
                 # Fell behind (slow server): skip the missed ticks rather than bursting.
-                next_tick = time.monotonic()
+                next_tick = self._monotonic()
                 delay = 0
-            self._stop.wait(delay)
+            self._sleep(delay)
 
     def scrape_once(self) -> Scrape:
         """One collection attempt; never raises for target errors (they become state)."""

@@ -4,6 +4,7 @@ preemption and waiting within seconds) start in parallel; ``vllm_factory`` start
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +18,18 @@ REAL_PAYLOADS = ("metrics-0.32.0-burst.txt", "metrics-0.32.0-burst-small.txt", "
 
 def fixture_text(name: str) -> str:
     return (FIXTURES / name).read_text()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 60.0, step: float = 0.1) -> bool:
+    """Whether ``predicate`` came true within ``timeout`` seconds, asked every ``step``. The
+    timeout only ends a wait for something that is not coming: size it for the busiest machine,
+    never as the claim a test makes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())
 
 
 @pytest.fixture

@@ -60,11 +60,11 @@ def garbage() -> Iterator[str]:
 
 
 def test_a_trickling_prometheus_is_cut_off_at_the_deadline(trickling: str) -> None:
+    """The whole answer would take 26 s and each byte comes well inside the per-read timeout:
+    only the whole-request deadline raises this (no stopwatch: a busy machine must not decide)."""
     client = PrometheusClient(trickling, timeout_seconds=2.0)
-    t = time.monotonic()
     with pytest.raises(TargetTimeout, match="did not answer a query within 2 s"):
         client.query("up")
-    assert time.monotonic() - t < 3.5
 
 
 def test_garbage_is_a_clear_error(garbage: str) -> None:

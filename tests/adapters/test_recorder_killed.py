@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +15,14 @@ import pytest
 
 from diagnostics.recording import read_recording
 from diagnostics.sim.server import SimServer
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _lines_flushed(path: Path) -> int:
+    """Every complete line the writer has flushed, counted without the reader under test."""
+    return zlib.decompressobj(wbits=31).decompress(path.read_bytes()).count(b"\n") if path.exists() else 0
 
 
 @pytest.fixture
@@ -32,17 +37,13 @@ def test_a_recorder_killed_with_sigkill_leaves_a_replayable_recording(server: Si
     recorder = subprocess.Popen([sys.executable, "-m", "diagnostics", "record", "--url", server.url, "--seconds",
                                  "120", "--interval", "0.25", "--out", str(out)], cwd=ROOT)
     try:
-        deadline = time.monotonic() + 30
-        while (not out.exists() or out.stat().st_size < 2000) and time.monotonic() < deadline:
-            time.sleep(0.25)
-        time.sleep(2.0)
+        assert wait_for(lambda: _lines_flushed(out) >= 5, timeout=120, step=0.25), "the recorder wrote nothing"
     finally:
         os.kill(recorder.pid, signal.SIGKILL)
         recorder.wait(10)
     assert recorder.returncode == -signal.SIGKILL
 
-    # Every complete line the writer flushed, counted without the reader under test.
-    flushed = zlib.decompressobj(wbits=31).decompress(out.read_bytes()).count(b"\n")
+    flushed = _lines_flushed(out)
     recording = read_recording(out)
     assert flushed >= 4 and len(recording.records) == flushed
     assert any("cut off" in p for p in recording.problems)

@@ -11,8 +11,11 @@ import httpx
 import pytest
 
 from diagnostics.collector import Collector
+from diagnostics.core.probe import ProbeSpec
 from diagnostics.sim.server import SimServer
+from diagnostics.sources.probe_http import Probe
 from diagnostics.sources.vllm_http import VllmClient
+from tests.conftest import wait_for
 
 
 @pytest.fixture
@@ -67,7 +70,19 @@ def test_a_scenario_switch_answers_the_requests_in_flight(server: SimServer) -> 
     thread = threading.Thread(target=lambda: answers.append(httpx.post(
         server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 8000}, timeout=30).json()))
     thread.start()
-    time.sleep(0.5)
+    assert wait_for(lambda: not server.sim.engine.idle()), "the request never reached the engine"
     httpx.post(server.url + "/sim/scenario", json={"scenario": "queue_at_cap"})
-    thread.join(10)
+    thread.join(60)
     assert answers and answers[0]["choices"][0]["finish_reason"] == "abort"
+
+
+def test_the_probe_times_every_streamed_token(server: SimServer) -> None:
+    """The simulated server streams one event per token, however fast the machine: the probe's
+    client sees 16 tokens and times the 15 gaps between them (a real server may merge tokens into
+    one event when its frontend falls behind; tests/integration/test_probe.py allows for that)."""
+    summary = Probe(server.url, ProbeSpec(concurrency=4, requests=8, prompt_tokens=32, max_tokens=16)).start().wait(120)
+    assert summary is not None and len(summary.ok) == 8
+    for r in summary.ok:
+        assert r.output_tokens == 16 and r.ttft is not None
+        assert len(r.gaps) == 15 and all(g >= 0 for g in r.gaps)
+        assert r.ttft + sum(r.gaps) <= r.end - r.start + 1e-6

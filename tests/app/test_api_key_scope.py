@@ -4,7 +4,6 @@ a viewer types gets no configured key. A real loopback server records the header
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -14,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from diagnostics import collector as collector_module
 from diagnostics.core.targets import targets_from
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = 'vllm:num_requests_running{model_name="m",engine="0"} 1.0\n'
@@ -121,9 +121,7 @@ def test_configured_targets_are_collected_before_any_page_runs(
     url, seen = recorder
     started = start_flight_recorders({"targets": {"prod": {"url": url, "api_key": "k-prod"}}}, {})
     try:
-        deadline = time.monotonic() + 10
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: seen)
         assert [c.target for c in started] == [url]
         assert seen and seen[0] == "Bearer k-prod"
         assert collector_module.shared_collector(url, "k-prod") is started[0]  # what the pages will find

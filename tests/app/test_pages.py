@@ -9,7 +9,7 @@ tests/e2e.
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,6 +19,7 @@ from diagnostics.collector import Collector, register
 from diagnostics.core.metrics.gpu import GpuMemory, GpuReading
 from diagnostics.recording import read_recording
 from diagnostics.sources.vllm_http import VllmClient
+from tests.conftest import wait_for
 from tests.integration.vllm_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +68,12 @@ def app(page: str | None = None, url: str | None = URL) -> AppTest:
     return at
 
 
+def run_until(at: AppTest, shown: Callable[[AppTest], object]) -> AppTest:
+    """Rerun the page until the collector's first scrape shows (the page itself never waits)."""
+    assert wait_for(lambda: shown(at.run()), step=0.2), "the page never showed the first scrape"
+    return at
+
+
 def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
@@ -75,8 +82,7 @@ def test_with_nothing_configured_the_app_attaches_to_the_simulated_engine() -> N
     at = app(url=None).run()
     assert not at.exception
     assert "Simulated engine" in at.info[0].value
-    time.sleep(1.5)
-    at.run()
+    run_until(at, lambda at: at.success and "Up" in at.success[0].value)
     assert at.success and "Up" in at.success[0].value
     assert metric(at, "vLLM version") == "0\\.32\\.0"
     assert at.sidebar.selectbox(key="sim_scenario").value == "healthy"
@@ -96,9 +102,7 @@ def test_overview_shows_the_status_card() -> None:
 
 
 def test_a_down_target_says_so_with_since() -> None:
-    at = app(url=f"http://127.0.0.1:{free_port()}").run()
-    time.sleep(0.5)
-    at.run()
+    at = run_until(app(url=f"http://127.0.0.1:{free_port()}"), lambda at: at.error and "Down" in at.error[0].value)
     assert not at.exception
     assert at.error and "Down" in at.error[0].value and "cannot reach" in at.error[0].value
 
@@ -123,9 +127,7 @@ def test_live_page_draws_every_chart() -> None:
 
 
 def test_live_page_on_a_down_target_keeps_the_page_up() -> None:
-    at = app("pages/1_Live.py", url=f"http://127.0.0.1:{free_port()}").run()
-    time.sleep(0.5)
-    at.run()
+    at = run_until(app("pages/1_Live.py", url=f"http://127.0.0.1:{free_port()}"), lambda at: at.error and "Down" in at.error[0].value)
     assert not at.exception
     assert at.error and "Down" in at.error[0].value
 

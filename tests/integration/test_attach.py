@@ -22,6 +22,7 @@ from diagnostics.core.metrics.catalog import (
 from diagnostics.core.metrics.derive import counter_steps, derive_state, prefix_cache_hit_rate, window
 from diagnostics.recording import RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import VllmClient
+from tests.conftest import wait_for
 from tests.integration import load
 from tests.integration.vllm_server import VllmServer
 
@@ -32,15 +33,6 @@ V0_ONLY = {"num_requests_swapped", "cpu_cache_usage_perc", "gpu_prefix_cache_hit
 
 def collector_for(server: VllmServer, interval: float = 0.25) -> Collector:
     return Collector(VllmClient(server.url), interval_seconds=interval).start()
-
-
-def wait_for(predicate, timeout: float = 30.0, step: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ from diagnostics.collector import Collector
 from diagnostics.core.probe import MAX_CONCURRENCY, ProbeSpec, with_server
 from diagnostics.sources.probe_http import Probe, ProbeRefused
 from diagnostics.sources.vllm_http import VllmClient
+from tests.conftest import wait_for
 from tests.integration.vllm_server import VllmServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -54,10 +55,11 @@ def test_the_clients_count_every_token_themselves(vllm_main: VllmServer) -> None
     for r in summary.ok:
         # 16 tokens, as the server's usage counts them. The client times every chunk it receives: a
         # first one and a gap before each of the others. When the API server falls behind it sends
-        # two steps' tokens in one chunk (CI saw 15 chunks for 16 tokens), so there are at most 15
-        # gaps, and a gap then spans both steps, as `vllm bench serve` counts it too.
+        # several steps' tokens in one chunk (CI saw 15 chunks for 16 tokens; how many merge depends
+        # on how busy the host is), so there are at most 15 gaps, and a gap then spans those steps,
+        # as `vllm bench serve` counts it too. One gap per token is tests/adapters/test_sim_server.py.
         assert r.output_tokens == 16 and r.ttft is not None
-        assert 8 <= len(r.gaps) <= 15
+        assert len(r.gaps) <= 15
         assert all(g >= 0 for g in r.gaps)
         assert r.ttft + sum(r.gaps) <= r.end - r.start + 1e-6
 
@@ -102,9 +104,7 @@ def test_a_cancel_stops_the_requests_in_flight(vllm_main: VllmServer) -> None:
     collector = Collector(VllmClient(vllm_main.url), interval_seconds=0.5).start()
     try:
         probe = Probe(vllm_main.url, ProbeSpec(concurrency=8, requests=400, max_tokens=400)).start()
-        deadline = time.monotonic() + 60
-        while probe.progress()[1] < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        assert wait_for(lambda: probe.progress()[1] >= 2, timeout=120), "the probe never got going"
         probe.cancel()
         summary = probe.wait(20)
         assert summary is not None and summary.cancelled
@@ -112,15 +112,12 @@ def test_a_cancel_stops_the_requests_in_flight(vllm_main: VllmServer) -> None:
         assert kinds.get("cancelled", 0) >= 1 and len(summary.ok) >= 2
         assert len(summary.results) < 400
         probe.cancel()  # a second cancel, after the run ended, is harmless
-        # vLLM aborts what the clients closed: nothing left running shortly after.
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+        # vLLM aborts what the clients closed: nothing left running after a while.
+        def idle() -> bool:
             last = collector.history()[-1].snapshot
-            if last is not None and last.value("num_requests_running") == 0:
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail("requests still running on the server 15 s after the cancel")
+            return last is not None and last.value("num_requests_running") == 0
+
+        assert wait_for(idle, step=0.5), "requests still running on the server a minute after the cancel"
         # ... because it aborted them, not because they ran to the end: the server generated fewer
         # tokens than every request it was sent would have (vLLM 0.32 counts no aborts in
         # request_success, so the token counter is the evidence).
@@ -136,10 +133,7 @@ def test_a_server_killed_mid_probe_keeps_what_was_measured(vllm_tiny: VllmServer
     collector = Collector(VllmClient(vllm_tiny.url), interval_seconds=0.5).start()
     probe = Probe(vllm_tiny.url, ProbeSpec(concurrency=6, requests=200, max_tokens=150)).start()
     try:
-        deadline = time.monotonic() + 90
-        while probe.progress()[1] < 3 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert probe.progress()[1] >= 3, "the probe never got going"
+        assert wait_for(lambda: probe.progress()[1] >= 3, timeout=120), "the probe never got going"
         vllm_tiny.kill9()
         summary = probe.wait(60)
         assert summary is not None and probe.done

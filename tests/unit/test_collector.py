@@ -3,11 +3,12 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
-from diagnostics.collector import Collector, shared_collector, stop_all
+from diagnostics.collector import Collector, register, shared_collector, stop_all
 from diagnostics.core.metrics.derive import counter_steps
 from diagnostics.sources.vllm_http import VllmClient
 from tests.conftest import fixture_text
@@ -117,17 +118,89 @@ def test_info_is_read_once_and_carried_on_the_first_record() -> None:
     assert records[0].info is not None and records[1].info is None
 
 
+class FakeTime:
+    """The collector's pacing on a fake clock: ``sleep`` records each delay and moves the clock on;
+    after ``num_intervals`` sleeps ``done`` is set and the loop runs on (slowly) until stopped."""
+
+    def __init__(self, num_intervals: int) -> None:
+        self.now = 0.0
+        self.num_intervals = num_intervals
+        self.delays: list[float] = []
+        self.done = threading.Event()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def interval_ends(self) -> None:
+        """What the test checks at the end of each interval (nothing here)."""
+
+    def sleep(self, seconds: float) -> None:
+        if self.done.is_set():
+            time.sleep(0.01)  # past the intervals judged: do not spin while the test stops us
+        else:
+            self.interval_ends()
+            self.delays.append(seconds)
+            if len(self.delays) == self.num_intervals:
+                self.done.set()
+        self.now += seconds
+
+
+def test_a_scrape_slower_than_the_interval_skips_the_missed_ticks() -> None:
+    """The second scrape takes three intervals: the next one follows at once, then the cadence
+    resumes from there (no burst of catch-up scrapes)."""
+    fake = FakeTime(num_intervals=4)
+    server = FakeServer()
+
+    def slow_second(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics" and server.metrics_requests == 1:
+            fake.now += 3.0
+        return server(request)
+
+    collector = Collector(VllmClient("http://fake:8000", transport=httpx.MockTransport(slow_second)),
+                          interval_seconds=1.0, clock=Clock(), monotonic=fake.monotonic, sleep=fake.sleep)
+    collector.start()
+    try:
+        assert fake.done.wait(60)
+    finally:
+        collector.stop()
+    assert fake.delays == [1.0, 0, 1.0, 1.0]
+
+
+class Intervals(FakeTime):
+    """Each interval ends only once every reader has called in during it, so the readers race the
+    collector however the scheduler runs the threads; the server's request count is noted then."""
+
+    def __init__(self, num_readers: int, num_intervals: int, counted: Callable[[], int]) -> None:
+        super().__init__(num_intervals)
+        self.num_readers = num_readers
+        self.counted = counted
+        self.requests_per_interval: list[int] = []
+        self._called_in: set[int] = set()
+        self._cond = threading.Condition()
+
+    def call_in(self, reader: int) -> None:
+        with self._cond:
+            self._called_in.add(reader)
+            self._cond.notify_all()
+
+    def interval_ends(self) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self._called_in) == self.num_readers, timeout=60)
+            self._called_in.clear()
+        self.requests_per_interval.append(self.counted())
+
+
 def test_many_readers_share_one_scrape_per_interval() -> None:
     """20 readers each ask the process registry for the target's collector, as 20 browser
     sessions do, against a real loopback server that counts its /metrics requests: one collector,
-    one request per interval between them."""
+    one request per interval between them, judged interval by interval on a fake clock."""
     payload = fixture_text("metrics-0.32.0-idle.txt").encode()
-    counted: list[float] = []
+    counted: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
             if self.path == "/metrics":
-                counted.append(time.monotonic())
+                counted.append(self.path)
             body = payload if self.path == "/metrics" else b"{}"
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -140,32 +213,34 @@ def test_many_readers_share_one_scrape_per_interval() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    stop = threading.Event()
+    intervals = Intervals(num_readers=20, num_intervals=8, counted=lambda: len(counted))
+    register(Collector(VllmClient(url), interval_seconds=0.25, monotonic=intervals.monotonic,
+                       sleep=intervals.sleep))
     seen: set[int] = set()
 
-    def reader() -> None:
-        while not stop.is_set():
+    def reader(i: int) -> None:
+        while not intervals.done.is_set():
             collector = shared_collector(url, None, interval_seconds=0.25)
             seen.add(id(collector))
             collector.history()
             collector.status()
+            intervals.call_in(i)
 
-    readers = [threading.Thread(target=reader) for _ in range(20)]
+    readers = [threading.Thread(target=reader, args=(i,)) for i in range(20)]
     try:
         for t in readers:
             t.start()
-        time.sleep(1.6)
+        assert intervals.done.wait(120), intervals.requests_per_interval
     finally:
-        stop.set()
+        intervals.done.set()
         for t in readers:
             t.join()
         stop_all()
         server.shutdown()
         server.server_close()
     assert len(seen) == 1
-    span = counted[-1] - counted[0]
-    assert len(counted) - 1 <= span / 0.25 + 1  # one request per 0.25 s tick, not one per reader
-    assert 5 <= len(counted) <= 9
+    # The server answers before the collector sleeps: after interval k it has seen k requests.
+    assert intervals.requests_per_interval == list(range(1, 9))
 
 
 def test_a_401_on_v1_models_is_reported_while_metrics_keep_flowing() -> None:
