@@ -70,7 +70,12 @@ def test_a_scenario_switch_answers_the_requests_in_flight(server: SimServer) -> 
     thread = threading.Thread(target=lambda: answers.append(httpx.post(
         server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 8000}, timeout=30).json()))
     thread.start()
-    assert wait_for(lambda: not server.sim.engine.idle()), "the request never reached the engine"
+
+    def in_flight() -> bool:  # this request, not the scenario's own traffic
+        with server.sim.lock:
+            return any(r.max_tokens == 8000 for r in (*server.sim.engine.running, *server.sim.engine.waiting))
+
+    assert wait_for(in_flight), "the request never reached the engine"
     httpx.post(server.url + "/sim/scenario", json={"scenario": "queue_at_cap"})
     thread.join(60)
     assert answers and answers[0]["choices"][0]["finish_reason"] == "abort"
