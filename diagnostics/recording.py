@@ -26,6 +26,8 @@ from typing import IO, Any
 
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.gpu import GpuReading
+from diagnostics.core.metrics.history import Replay
 from diagnostics.core.metrics.info import ServerInfo
 from diagnostics.errors import BadPayload, BadRecording
 
@@ -105,6 +107,11 @@ class Recording:
     @property
     def target(self) -> str | None:
         return self.records[-1].target if self.records else None
+
+    def replay(self) -> Replay:
+        """The recording as a history source (its scrapes parsed once, here)."""
+        gpus = tuple((r.ts, reading) for r in self.records if (reading := GpuReading.from_json(r.gpus)) is not None)
+        return Replay(self.target or "?", tuple(self.scrapes()), self.info(), gpus)
 
 
 def scrapes_from_records(records: Iterable[Record]) -> Iterator[Scrape]:

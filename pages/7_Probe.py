@@ -102,19 +102,20 @@ if not results:
     st.caption("No probe yet in this session. The results of every probe you run here stay until the tab closes.")
     st.stop()
 
-latest = results[-1]
-st.subheader(f"Last probe · {fmt_when(latest['started'])}" + (" · cancelled" if latest["cancelled"] else ""))
-if latest.get("failure"):
-    st.error(md_escape(latest["failure"]))
+latest = results[-1].summary
+st.subheader(f"Last probe · {fmt_when(latest.started)}" + (" · cancelled" if latest.cancelled else ""))
+if latest.failure:
+    st.error(md_escape(latest.failure))
 m = st.columns(5)
-m[0].metric("Completed", f"{latest['completed']} / {latest['requests']}")
-m[1].metric("Errors", latest["errors"])
-m[2].metric("Output tok/s", f"{latest['output_tokens_per_second']:.1f}")
-m[3].metric("Requests/s", f"{latest['requests_per_second']:.2f}")
-m[4].metric("Duration", f"{latest['duration_seconds']:.1f} s")
-if latest["errors_by_kind"]:
-    st.warning("Errors by kind: " + ", ".join(f"{md_escape(k)} {v}" for k, v in latest["errors_by_kind"].items()))
-    for kind, detail in latest.get("error_details", {}).items():
+m[0].metric("Completed", f"{len(latest.ok)} / {len(latest.results)}")
+m[1].metric("Errors", latest.num_errors)
+m[2].metric("Output tok/s", f"{latest.output_tokens_per_second:.1f}")
+m[3].metric("Requests/s", f"{latest.requests_per_second:.2f}")
+m[4].metric("Duration", f"{latest.duration:.1f} s")
+errors_by_kind = latest.errors_by_kind()
+if errors_by_kind:
+    st.warning("Errors by kind: " + ", ".join(f"{md_escape(k)} {v}" for k, v in errors_by_kind.items()))
+    for kind, detail in latest.error_details().items():
         st.caption(f"first {md_escape(kind)}: {md_escape(detail)}")
 st.dataframe(probe_view.latency_table(latest), hide_index=True, use_container_width=True)
 st.caption("Server columns: the server's own histograms over the probe's window (a bucket, since a histogram "
@@ -125,22 +126,22 @@ if found:
             "the client's own load — on a small machine the probe shares the CPU with the server):\n"
             + "\n".join(f"- {md_escape(d.text.split(' (network')[0])}" for d in found))
 probe_view.distributions(latest)
-probe_view.charts_over(resources.source(target), latest["started"], latest["ended"], key="done")
+probe_view.charts_over(resources.source(target), latest.started, latest.ended, key="done")
 
 d1, d2 = st.columns(2)
-d1.download_button("Download the result (.json)", json.dumps(latest, indent=1), file_name="probe.json",
+d1.download_button("Download the result (.json)", json.dumps(results[-1].to_json(), indent=1), file_name="probe.json",
                    mime="application/json", on_click="ignore")
 collector = resources.source(target)
-records = [r for r in collector.recent_records() if latest["started"] - 10 <= r.ts <= latest["ended"] + 10]
+records = [r for r in collector.recent_records() if latest.started - 10 <= r.ts <= latest.ended + 10]
 d2.download_button("Download the recording of its window (.jsonl.gz)", encode_recording(records),
                    file_name="probe-window.jsonl.gz", mime="application/gzip", on_click="ignore",
                    disabled=not records)
 
 if len(results) >= 2:
     st.subheader("Before / after")
-    labels = [probe_view.label(r, i) for i, r in enumerate(results)]
+    labels = [probe_view.label(r) for r in results]
     b1, b2 = st.columns(2)
     before = b1.selectbox("Before", labels, index=len(labels) - 2, key="probe_before")
     after = b2.selectbox("After", labels, index=len(labels) - 1, key="probe_after")
-    rows = comparison(results[labels.index(before)], results[labels.index(after)])
+    rows = comparison(results[labels.index(before)].summary, results[labels.index(after)].summary)
     st.dataframe(probe_view.comparison_frame(rows), hide_index=True, use_container_width=True)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
 
 from diagnostics.core.metrics.catalog import Snapshot
-from diagnostics.core.metrics.derive import Scrape, counter_steps, histogram_delta, quantile_estimate
+from diagnostics.core.metrics.derive import Quantile, Scrape, counter_steps, histogram_delta, quantile_estimate
 
 # Hard caps: the probe loads a server that may already be in trouble.
 MAX_CONCURRENCY = 128
@@ -131,19 +131,84 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
-def percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    return {"p50": percentile(values, 50), "p95": percentile(values, 95), "p99": percentile(values, 99)}
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles(Generic[T]):
+    """The 50th, 95th and 99th percentile of one latency (None: no sample, or no observation)."""
+
+    p50: T | None
+    p95: T | None
+    p99: T | None
+
+    @staticmethod
+    def of(values: Sequence[float]) -> Percentiles[float]:
+        """Of the clients' samples, as ``vllm bench serve`` computes them."""
+        return Percentiles(percentile(values, 50), percentile(values, 95), percentile(values, 99))
+
+    def items(self) -> tuple[tuple[str, T | None], ...]:
+        return (("p50", self.p50), ("p95", self.p95), ("p99", self.p99))
+
+
+def _bucket_json(est: Quantile | None) -> dict[str, Any] | None:
+    return None if est is None else {"value": est.value, "lower": est.lower, "upper": est.upper, "bound": est.bound}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSide:
+    """What the server's own metrics said over a probe's window (the scrapes from just before it
+    started to just after it ended): counter increases and each latency histogram's percentiles
+    with the bucket they fall in."""
+
+    from_ts: float
+    to_ts: float
+    requests_finished: float | None
+    generation_tokens: float | None
+    ttft: Percentiles[Quantile]
+    itl: Percentiles[Quantile]
+    e2e: Percentiles[Quantile]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "from_ts": self.from_ts,
+            "to_ts": self.to_ts,
+            "requests_finished": self.requests_finished,
+            "generation_tokens": self.generation_tokens,
+            **{key: {p: _bucket_json(est) for p, est in pcts.items()}
+               for key, pcts in (("ttft_seconds", self.ttft), ("itl_seconds", self.itl), ("e2e_seconds", self.e2e))},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyRow:
+    """One latency percentile of a probe: what the clients measured beside the server's bucket."""
+
+    metric: str  # TTFT, ITL or e2e
+    percentile: str  # p50, p95 or p99
+    client: float | None
+    server: Quantile | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric} {self.percentile}"
 
 
 @dataclass(frozen=True, slots=True)
 class ProbeSummary:
+    """What a probe's clients measured (and, once :func:`with_server` added it, what the server's
+    metrics said over the same window), typed until :meth:`to_json` writes the ``probe --json``
+    object."""
+
     spec: ProbeSpec
     target: str
     started: float
     ended: float
     results: tuple[RequestResult, ...]
     cancelled: bool = False
-    server: Mapping[str, Any] = field(default_factory=dict)  # what the server's metrics said
+    server: ServerSide | None = None
+    server_note: str | None = None  # why the server side is unknown
+    failure: str | None = None  # why the probe stopped early, or could not start
 
     @property
     def ok(self) -> list[RequestResult]:
@@ -152,6 +217,50 @@ class ProbeSummary:
     @property
     def duration(self) -> float:
         return max(self.ended - self.started, 1e-9)
+
+    @property
+    def num_errors(self) -> int:
+        return len(self.results) - len(self.ok)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.output_tokens for r in self.ok)
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        """Over the whole run, as ``vllm bench serve`` reports it."""
+        return self.output_tokens / self.duration
+
+    @property
+    def requests_per_second(self) -> float:
+        return len(self.ok) / self.duration
+
+    def ttft_samples(self) -> list[float]:
+        return [r.ttft for r in self.ok if r.ttft is not None]
+
+    def itl_samples(self) -> list[float]:
+        """Every gap of every completed request."""
+        return [g for r in self.ok for g in r.gaps]
+
+    def e2e_samples(self) -> list[float]:
+        return [r.end - r.start for r in self.ok]
+
+    def latencies(self) -> tuple[tuple[str, Percentiles[float], Percentiles[Quantile] | None], ...]:
+        """(metric, the clients' percentiles, the server's) for TTFT, ITL and e2e."""
+        server = self.server
+        return (
+            ("TTFT", Percentiles.of(self.ttft_samples()), server.ttft if server else None),
+            ("ITL", Percentiles.of(self.itl_samples()), server.itl if server else None),
+            ("e2e", Percentiles.of(self.e2e_samples()), server.e2e if server else None),
+        )
+
+    def latency_rows(self) -> list[LatencyRow]:
+        """TTFT, ITL and e2e at p50, p95 and p99, the clients beside the server's bucket."""
+        rows: list[LatencyRow] = []
+        for metric, client, server in self.latencies():
+            buckets = dict(server.items()) if server is not None else {}
+            rows.extend(LatencyRow(metric, p, value, buckets.get(p)) for p, value in client.items())
+        return rows
 
     def errors_by_kind(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -168,8 +277,8 @@ class ProbeSummary:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        ok = self.ok
-        output = sum(r.output_tokens for r in ok)
+        ttft, itl, e2e = (client for _, client, _ in self.latencies())
+        server = self.server.to_json() if self.server else {"note": self.server_note} if self.server_note else {}
         return {
             "target": self.target,
             "spec": self.spec.to_json(),
@@ -177,18 +286,19 @@ class ProbeSummary:
             "ended": self.ended,
             "cancelled": self.cancelled,
             "requests": len(self.results),
-            "completed": len(ok),
-            "errors": len(self.results) - len(ok),
+            "completed": len(self.ok),
+            "errors": self.num_errors,
             "errors_by_kind": self.errors_by_kind(),
             "error_details": self.error_details(),
             "duration_seconds": self.duration,
-            "output_tokens": output,
-            "output_tokens_per_second": output / self.duration,
-            "requests_per_second": len(ok) / self.duration,
-            "ttft_seconds": percentiles([r.ttft for r in ok if r.ttft is not None]),
-            "itl_seconds": percentiles([g for r in ok for g in r.gaps]),
-            "e2e_seconds": percentiles([r.end - r.start for r in ok]),
-            "server": dict(self.server),
+            "output_tokens": self.output_tokens,
+            "output_tokens_per_second": self.output_tokens_per_second,
+            "requests_per_second": self.requests_per_second,
+            "ttft_seconds": dict(ttft.items()),
+            "itl_seconds": dict(itl.items()),
+            "e2e_seconds": dict(e2e.items()),
+            "server": server,
+            "failure": self.failure,
         }
 
 
@@ -205,28 +315,27 @@ def with_server(summary: ProbeSummary, history: Sequence[Scrape]) -> ProbeSummar
     before = [s for s in window if s.ts <= summary.started]
     after = [s for s in window if s.ts >= summary.ended + SETTLE_SECONDS]
     if not before or not after:
-        return replace(summary, server={"note": "no scrape brackets the probe: the server side is unknown"})
+        return replace(summary, server=None, server_note="no scrape brackets the probe: the server side is unknown")
     span = [before[-1], *[s for s in window if summary.started < s.ts < summary.ended], after[0]]
-    server: dict[str, Any] = {"from_ts": span[0].ts, "to_ts": span[-1].ts}
-    picks: dict[str, Callable[[Snapshot], float | None]] = {
-        "requests_finished": _finished,
-        "generation_tokens": lambda s: s.value("generation_tokens"),
-    }
-    for key, pick in picks.items():
+
+    def increase(pick: Callable[[Snapshot], float | None]) -> float | None:
         steps = counter_steps(span, pick)
-        server[key] = sum(inc for _, _, inc in steps) if steps else None
-    for concept, key in (
-        ("time_to_first_token_seconds", "ttft_seconds"),
-        ("inter_token_latency_seconds", "itl_seconds"),
-        ("e2e_request_latency_seconds", "e2e_seconds"),
-    ):
+        return sum(inc for _, _, inc in steps) if steps else None
+
+    def percentiles(concept: str) -> Percentiles[Quantile]:
         hist = histogram_delta(span, concept)
-        server[key] = {}
-        for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
-            est = quantile_estimate(q, hist)
-            server[key][name] = None if est is None else {"value": est.value, "lower": est.lower,
-                                                          "upper": est.upper, "bound": est.bound}
-    return replace(summary, server=server)
+        return Percentiles(quantile_estimate(0.5, hist), quantile_estimate(0.95, hist), quantile_estimate(0.99, hist))
+
+    server = ServerSide(
+        from_ts=span[0].ts,
+        to_ts=span[-1].ts,
+        requests_finished=increase(_finished),
+        generation_tokens=increase(lambda s: s.value("generation_tokens")),
+        ttft=percentiles("time_to_first_token_seconds"),
+        itl=percentiles("inter_token_latency_seconds"),
+        e2e=percentiles("e2e_request_latency_seconds"),
+    )
+    return replace(summary, server=server, server_note=None)
 
 
 def _finished(snapshot: Snapshot) -> float | None:
@@ -252,26 +361,22 @@ class Disagreement:
                 f"API server, or the client's own load)")
 
 
-def disagreements(summary: Mapping[str, Any], tolerance: float = 0.10, floor_s: float = 0.002) -> list[Disagreement]:
+def disagreements(summary: ProbeSummary, tolerance: float = 0.10, floor_s: float = 0.002) -> list[Disagreement]:
     """Where a client-side percentile falls outside the bucket the server's histogram puts it in
     (a bucket is all a histogram knows, so inside it is agreement), by more than ``tolerance`` of
     the value or ``floor_s`` (a client's clock and the network add a little to every number)."""
     out = []
-    server = summary.get("server", {})
-    for key, metric in (("ttft_seconds", "TTFT"), ("itl_seconds", "ITL"), ("e2e_seconds", "e2e")):
-        for p in ("p50", "p95", "p99"):
-            client = summary.get(key, {}).get(p)
-            bucket = server.get(key, {}).get(p) if isinstance(server.get(key), dict) else None
-            if client is None or not bucket:
-                continue
-            lower, upper = bucket["lower"], bucket["upper"]
-            slack = max(tolerance * client, floor_s)
-            if client < lower - slack or (math.isfinite(upper) and client > upper + slack):
-                out.append(Disagreement(f"{metric} {p}", client, lower, upper))
+    for row in summary.latency_rows():
+        client, bucket = row.client, row.server
+        if client is None or bucket is None:
+            continue
+        slack = max(tolerance * client, floor_s)
+        if client < bucket.lower - slack or (math.isfinite(bucket.upper) and client > bucket.upper + slack):
+            out.append(Disagreement(row.name, client, bucket.lower, bucket.upper))
     return out
 
 
-def comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, float | None, float | None, str]]:
+def comparison(before: ProbeSummary, after: ProbeSummary) -> list[tuple[str, float | None, float | None, str]]:
     """Two probe results side by side: (metric, before, after, change) for the numbers a flag
     change is meant to move."""
     rows: list[tuple[str, float | None, float | None, str]] = []
@@ -287,10 +392,9 @@ def comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tupl
             change = f"{pct:+.0f} %" + ("" if abs(pct) < 1 else " (better)" if good else " (worse)")
         rows.append((name, a, b, change))
 
-    add("output tok/s", before.get("output_tokens_per_second"), after.get("output_tokens_per_second"), "higher")
-    add("requests/s", before.get("requests_per_second"), after.get("requests_per_second"), "higher")
-    for key, label in (("ttft_seconds", "TTFT"), ("itl_seconds", "ITL"), ("e2e_seconds", "e2e")):
-        for p in ("p50", "p95", "p99"):
-            add(f"{label} {p} (s)", before.get(key, {}).get(p), after.get(key, {}).get(p), "lower")
-    add("errors", float(before.get("errors", 0)), float(after.get("errors", 0)), "lower")
+    add("output tok/s", before.output_tokens_per_second, after.output_tokens_per_second, "higher")
+    add("requests/s", before.requests_per_second, after.requests_per_second, "higher")
+    for a, b in zip(before.latency_rows(), after.latency_rows(), strict=True):
+        add(f"{a.name} (s)", a.client, b.client, "lower")
+    add("errors", float(before.num_errors), float(after.num_errors), "lower")
     return rows

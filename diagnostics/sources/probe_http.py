@@ -101,11 +101,13 @@ class Probe:
             return self._sent, len(self._results), sum(1 for r in self._results if not r.ok)
 
     def summary(self) -> ProbeSummary:
+        """What the clients measured so far (all of it once :attr:`done`), and why the run stopped."""
         with self._lock:
             results = tuple(sorted(self._results, key=lambda r: r.start))
         started = self.started if self.started is not None else self._clock()
         ended = self.ended if self.ended is not None else self._clock()
-        return ProbeSummary(self.spec, self.url, started, ended, results, cancelled=self.cancelled)
+        return ProbeSummary(self.spec, self.url, started, ended, results, cancelled=self.cancelled,
+                            failure=self.failure)
 
     # -- the run -------------------------------------------------------------------------------
 

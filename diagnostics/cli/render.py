@@ -1,0 +1,190 @@
+"""The text a person reads: one renderer per command's result, absent values as a dash."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from diagnostics.core import whatif
+from diagnostics.core.diagnosis import Finding, KnownFlags, command_diff
+from diagnostics.core.metrics.status import StatusReport
+from diagnostics.core.probe import Percentiles, ProbeSummary, disagreements
+from diagnostics.core.text import SLEEP_LEVELS, evidence_rows, fmt_seconds_as_ms, prompt_sources_text, roofline_text
+
+if TYPE_CHECKING:  # imported when used: the Prometheus client takes longer to import than the rest
+    from diagnostics.prometheus_fleet import FleetReport
+
+
+def _fmt(value: Any, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value * scale:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def _fmt_s(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else fmt_seconds_as_ms(value)
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.0f} %"
+
+
+def _lat(report: StatusReport, concept: str, q: float) -> str:
+    value, bound = report.latency(concept, q)
+    if value is None:
+        return "—"
+    return (f"{bound} " if bound else "") + fmt_seconds_as_ms(value)
+
+
+def render_status(report: StatusReport) -> str:
+    """The human-readable status: one fact a line."""
+    d, info, config = report.derived, report.info, report.derived.cache_config
+    caching = config.enable_prefix_caching if config is not None else None
+    state = report.state + (f" ({report.error})" if report.error else "")
+    ttft, itl, queue = "time_to_first_token_seconds", "inter_token_latency_seconds", "request_queue_time_seconds"
+    spec = d.spec_decode
+    prompt_sources, roofline = prompt_sources_text(d.prompt_sources), roofline_text(d.roofline, None)
+    lines = [
+        f"target        {report.target}  [{state}]",
+        f"vLLM          {_fmt(info.version if info else None)}   model {_fmt(info.model if info else None)}"
+        f"   max_model_len {_fmt(info.max_model_len if info else None)}",
+        f"KV cache      {_fmt(d.kv_cache_usage_perc, ' %', 100)} used"
+        f"   {_fmt(d.kv_cache_used_blocks, digits=0)} of {_fmt(config.num_gpu_blocks if config else None)} blocks"
+        f" × {_fmt(config.block_size if config else None)} tokens",
+        f"requests      running {_fmt(d.num_requests_running, digits=0)}"
+        f"   waiting {_fmt(d.num_requests_waiting, digits=0)}",
+        f"prefix cache  hit rate {_fmt(d.prefix_cache_hit_rate, ' %', 100)} over {d.window_seconds:g} s"
+        f"   (caching {'on' if caching else 'off' if caching is False else '—'})",
+        *([f"prompt from   {prompt_sources}"] if prompt_sources else []),
+        f"preemptions   {_fmt(d.num_preemptions_rate, '/s', digits=2)}",
+        *([f"speculation   {_fmt(spec.acceptance_rate, ' %', 100)} of draft tokens accepted, "
+           f"{_fmt(spec.mean_accepted_length, digits=2)} tokens per verify step"]
+          if spec is not None and spec.acceptance_rate is not None else []),
+        *([f"roofline      {roofline}"] if roofline else []),
+        f"throughput    prompt {_fmt(d.prompt_tokens_rate, ' tok/s')}"
+        f"   generation {_fmt(d.generation_tokens_rate, ' tok/s')}",
+        f"TTFT          p50 {_lat(report, ttft, 0.5)}   p95 {_lat(report, ttft, 0.95)}",
+        f"ITL           p50 {_lat(report, itl, 0.5)}   p95 {_lat(report, itl, 0.95)}",
+        f"Queue time    p50 {_lat(report, queue, 0.5)}   p95 {_lat(report, queue, 0.95)}",
+    ]
+    if d.asleep:
+        lines.append("ASLEEP        " + ", ".join(f"engine {e} ({SLEEP_LEVELS.get(level, level)})"
+                                               for e, level in sorted(d.asleep.items()))
+                     + ": serves nothing until woken (POST /wake_up)")
+    for e in d.engines:
+        lines.append(
+            f"engine {e.engine:<6} KV {_fmt(e.kv_cache_usage_perc, ' %', 100)}"
+            f"   running {_fmt(e.num_requests_running, digits=0)}   waiting {_fmt(e.num_requests_waiting, digits=0)}"
+            f"   generation {_fmt(e.generation_tokens_rate, ' tok/s')}"
+        )
+    return "\n".join(lines)
+
+
+def render_findings(findings: list[Finding], flags: KnownFlags) -> str:
+    """Each finding: severity, title and when; its changes as a `vllm serve` diff; evidence; checks."""
+    if not findings:
+        return "No findings: nothing unusual in this window."
+    out = []
+    for f in findings:
+        when = ""
+        if f.time_range:
+            a, b = (time.strftime("%H:%M:%S", time.localtime(x)) for x in f.time_range)
+            when = f"  [{a}–{b}]" if a != b else f"  [{a}]"
+        out.append(f"{f.severity.upper():8} {f.title}{when}")
+        for i, s in enumerate(f.suggestions):
+            value = "" if s.value is None else f" {s.value}"
+            lead = "change" if i == 0 else "or"
+            out.append(f"         {lead:6} {s.flag}{value} ({s.direction}): {s.why}")
+            if i == 0:
+                diff = command_diff(flags, [s])
+                out.append(f"           - {diff.before}")
+                out.append(f"           + {diff.after}")
+            if s.prediction_note:
+                out.append(f"           predicted: {s.prediction_note}")
+        out.append("         evidence: " + "; ".join(f"{label} {value}" for label, value in evidence_rows(f.evidence)))
+        for c in f.checks:
+            out.append(f"         check: {c}")
+    return "\n".join(out)
+
+
+def _metric(name: str, value: float | None) -> str:
+    if value is None:
+        return "—"
+    return whatif.fmt_value(name, value)
+
+
+def render_whatif(p: whatif.Prediction) -> str:
+    """The change, the workload and engine it was replayed on, and each metric recorded, replayed
+    under the current flags and predicted under the change."""
+    w, c = p.workload, p.calibration
+    change = " ".join(f"{k} {v}" for k, v in p.changes.items())
+    lines = [f"what if: {change}",
+             f"workload  {len(w.requests) or len(w.arrivals)} requests in {w.seconds:.0f} s "
+             + (f"(a closed loop of {w.closed_loop_clients} clients)" if w.closed_loop_clients else
+                f"({(len(w.requests) or len(w.arrivals)) / max(w.seconds, 1e-9):.2f}/s, open arrivals)")
+             + f"; prompt {w.prompt.mean:.0f} tokens, output {w.output.mean:.0f} tokens (means), n {w.n:.1f}, "
+               f"prefix hits {w.prefix_hit_fraction * 100:.0f} %",
+             f"engine    step = {c.cost.base * 1000:.2f} ms + {c.cost.per_seq * 1000:.2f} ms/sequence + "
+             f"{c.cost.per_prefill_token * 1e6:.1f} µs/prefill token (fit error {_pct(c.fit_error)} over "
+             f"{c.points} intervals{'' if c.batch_identified else '; the batch never varied, so its cost is assumed flat'}); "
+             f"{c.num_gpu_blocks:,} KV blocks of {c.block_size}",
+             f"{'metric':18} {'recorded':>10} {'replayed':>10} {'predicted':>10}  replay error"]
+    for name in whatif.METRICS:
+        m = p.metric(name)
+        lines.append(f"{whatif.LABELS[name]:18} {_metric(name, m['recorded']):>10} {_metric(name, m['before']):>10} "
+                     f"{_metric(name, m['after']):>10}  {_pct(p.baseline_error.get(name))}")
+    lines.append("predicted: " + whatif.summary(p))
+    if p.after.requests_rejected:
+        lines.append(f"{p.after.requests_rejected} requests would be rejected (longer than --max-model-len)")
+    return "\n".join(lines)
+
+
+def render_fleet(report: FleetReport) -> str:
+    """One line per instance (the worst finding last), then the fleet's own findings."""
+    lines = [f"{'instance':24} {'model':20} {'up':4} {'KV':>6} {'run':>5} {'wait':>5} {'preempt/s':>9} "
+             f"{'ITL p95':>9}  worst finding"]
+    for row in report.rows:
+        v = row.values
+        worst = row.worst
+        lines.append(
+            f"{row.instance[:24]:24} {(row.model or '—')[:20]:20} {_fmt(None if row.up is None else 'up' if row.up else 'DOWN'):4} "
+            f"{_fmt(v.get('kv_cache_usage_perc'), '%', 100, 0):>6} {_fmt(v.get('num_requests_running'), digits=0):>5} "
+            f"{_fmt(v.get('num_requests_waiting'), digits=0):>5} {_fmt(v.get('preemptions_per_s'), digits=2):>9} "
+            f"{_fmt_s(v.get('itl_p95_s')):>9}  {worst.severity.upper() + ' ' + worst.title if worst else '—'}"
+        )
+    for f in report.findings:
+        lines.append(f"{f.severity.upper():8} {f.text}")
+    return "\n".join(lines)
+
+
+def render_probe(summary: ProbeSummary) -> str:
+    """What the clients measured, what the server counted over the same window, where they disagree."""
+
+    def q(pcts: Percentiles[float]) -> str:
+        return "   ".join(f"{p} {_fmt_s(v)}" for p, v in pcts.items())
+
+    (_, ttft, _), (_, itl, _), (_, e2e, _) = summary.latencies()
+    errors = ", ".join(f"{k} {n}" for k, n in summary.errors_by_kind().items()) or "none"
+    lines = [
+        f"target        {summary.target}{'  (cancelled)' if summary.cancelled else ''}",
+        f"requests      {len(summary.ok)} of {len(summary.results)} completed in {summary.duration:.1f} s"
+        f"   errors: {errors}",
+        f"throughput    {summary.output_tokens_per_second:.1f} output tok/s   {summary.requests_per_second:.2f} req/s",
+        f"TTFT          {q(ttft)}",
+        f"ITL           {q(itl)}",
+        f"e2e           {q(e2e)}",
+    ]
+    server = summary.server
+    if server is not None:
+        lines.append(f"server        {_fmt(server.requests_finished, digits=0)} requests finished, "
+                     f"{_fmt(server.generation_tokens, digits=0)} tokens generated over the same window")
+    for kind, detail in summary.error_details().items():
+        lines.append(f"first {kind:8} {detail}")
+    if summary.failure:
+        lines.append(f"stopped       {summary.failure}")
+    for d in disagreements(summary):
+        lines.append(f"note          {d.text}")
+    return "\n".join(lines)

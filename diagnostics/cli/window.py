@@ -1,0 +1,122 @@
+"""Getting the window of history a command reads: a recording, N seconds of a server, or a range of
+one instance from Prometheus, each as a :class:`HistorySource`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from diagnostics.cli.exits import EXIT_FILE, EXIT_NOT_VLLM, EXIT_TARGET, EXIT_USAGE, CliError
+from diagnostics.collector import Collector
+from diagnostics.core.fleet.promql import Scope, parse_selector
+from diagnostics.core.metrics.history import HistorySource
+from diagnostics.errors import BadRecording, NotVllm, TargetError
+from diagnostics.recording import Recording, RecordingWriter, read_recording
+from diagnostics.sources.vllm_http import VllmClient, api_key_from_env
+
+if TYPE_CHECKING:  # imported when used: the Prometheus client takes longer to import than the rest
+    from diagnostics.prometheus_fleet import PrometheusTarget
+    from diagnostics.sources.prometheus import PrometheusClient
+
+
+def client(args: argparse.Namespace) -> VllmClient:
+    """The ``--url`` server's client (exit 2 for a URL that cannot be used)."""
+    try:
+        return VllmClient(args.url, api_key_from_env(args.api_key_env), timeout_seconds=args.timeout or 2.0)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def check_first(vllm: VllmClient) -> None:
+    """Fail fast, with one line, when the target is not there or not vLLM."""
+    try:
+        vllm.metrics_text()
+    except NotVllm as exc:
+        raise CliError(str(exc), EXIT_NOT_VLLM) from None
+    except TargetError as exc:
+        raise CliError(str(exc), EXIT_TARGET) from None
+
+
+def collect(vllm: VllmClient, seconds: float, interval: float, writer: RecordingWriter | None) -> Collector:
+    """Scrape for ``seconds`` in this thread (every ``interval``), each scrape also to ``writer``."""
+    collector = Collector(vllm, interval_seconds=interval, retention_seconds=max(seconds, interval) + 60)
+    if writer is not None:
+        collector.add_sink(writer.write)
+    deadline = time.monotonic() + seconds
+    while True:
+        collector.scrape_once()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        time.sleep(min(interval, remaining))
+    return collector
+
+
+def prometheus(args: argparse.Namespace) -> tuple[PrometheusClient, Scope]:
+    """The ``--prometheus`` client and the ``--selector`` scope (exit 2 for either unusable)."""
+    from diagnostics.sources.prometheus import PrometheusClient
+
+    try:
+        prom = PrometheusClient(args.prometheus, timeout_seconds=args.timeout or 15.0)
+        return prom, Scope(parse_selector(args.selector))
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def prometheus_window(args: argparse.Namespace, since: float) -> PrometheusTarget:
+    """One instance's history over the last ``since`` seconds (ending at ``--until``), read from
+    Prometheus; ``--instance`` picks it when Prometheus has more than one."""
+    from diagnostics import prometheus_fleet as fleet
+
+    prom, scope = prometheus(args)
+    try:
+        found = fleet.discover(prom, scope, args.until)
+    except TargetError as exc:
+        raise CliError(str(exc), EXIT_TARGET) from None
+    names = [d.instance for d in found]
+    if args.instance is None:
+        if len(found) != 1:
+            listed = ", ".join(names) or "none"
+            raise CliError(f"--instance is needed: Prometheus has {len(found)} vLLM instances ({listed})", EXIT_USAGE)
+        instance = found[0]
+    else:
+        match = next((d for d in found if d.instance == args.instance), None)
+        if match is None:
+            listed = ", ".join(names) or "none"
+            raise CliError(f"no vLLM instance {args.instance!r} in Prometheus (it has: {listed})", EXIT_TARGET)
+        instance = match
+    target = fleet.PrometheusTarget(prom, replace(scope, instance=instance.instance), range_s=since,
+                                    model=instance.model, end=args.until)
+    history = target.refresh()
+    status = target.status()
+    if status.error and not history:
+        raise CliError(status.error, EXIT_TARGET)
+    return target
+
+
+def read(path: str) -> Recording:
+    """A recording, with one warning line per skipped line; exit 5 when nothing is usable."""
+    try:
+        recording = read_recording(path)
+    except BadRecording as exc:
+        raise CliError(f"{path}: {exc}", EXIT_FILE) from None
+    for problem in recording.problems:
+        print(f"warning: {path}: {problem}", file=sys.stderr)
+    return recording
+
+
+def source(args: argparse.Namespace, *, since: float) -> HistorySource | None:
+    """The window a command reads: the ``--replay`` recording, ``--seconds`` of the ``--url``
+    server, or ``since`` seconds of one instance from ``--prometheus`` (None when none is given)."""
+    if args.replay:
+        return read(args.replay).replay()
+    if args.url:
+        vllm = client(args)
+        check_first(vllm)
+        return collect(vllm, args.seconds, args.interval, None)
+    if args.prometheus:
+        return prometheus_window(args, since)
+    return None
