@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diagnostics.core.simulator.engine import EngineConfig, SimEngine  # noqa: E402
+from diagnostics.core.simulator.config import EngineConfig  # noqa: E402
+from diagnostics.core.simulator.scheduler import SimEngine  # noqa: E402
 from diagnostics.sim.metrics import SimMetrics  # noqa: E402
 
 

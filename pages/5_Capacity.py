@@ -24,7 +24,8 @@ if shape is None:
     except (ValueError, AttributeError) as exc:
         c1.error(f"Cannot use this config.json: {md_escape(exc)}")
         st.stop()
-gpu = c2.selectbox("GPU memory", [*GPU_PRESETS_GB, "custom"], index=2, key="cap_gpu")
+gpu = c2.selectbox("GPU memory", [*GPU_PRESETS_GB, "custom"], index=[*GPU_PRESETS_GB.values()].index(80),
+                   key="cap_gpu")
 total_gb = GPU_PRESETS_GB.get(gpu) or c2.number_input("GPU memory (GB)", 1.0, 1000.0, 80.0, key="cap_gb")
 util = c2.slider("--gpu-memory-utilization", 0.5, 1.0, 0.9, 0.01, key="cap_util")
 overhead = c2.number_input("Activations, CUDA graphs, runtime (GB)", 0.0, 100.0, 0.0, key="cap_overhead")

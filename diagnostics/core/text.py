@@ -6,8 +6,8 @@ import re
 import time
 from datetime import datetime
 
+from diagnostics.core.hardware import DevicePeak
 from diagnostics.core.metrics.derive import SOURCE_NAMES, PromptSources, Quantile, Roofline
-from diagnostics.core.metrics.gpu import DevicePeak
 
 # Everything Streamlit's Markdown (GFM + its directives: :emoji:, :red[...], $latex$) could act on.
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~:$&])")

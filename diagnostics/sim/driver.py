@@ -12,8 +12,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from diagnostics.core.simulator.engine import SimEngine, SimRequest
+from diagnostics.core.simulator.request import SimRequest
 from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario, make_engines, pick_engine
+from diagnostics.core.simulator.scheduler import SimEngine
 from diagnostics.sim.metrics import SimMetrics
 
 STALL_AFTER_SECONDS = 20.0

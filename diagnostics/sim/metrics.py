@@ -8,7 +8,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from diagnostics.core.simulator.engine import EngineConfig, StepStats
+from diagnostics.core.simulator.config import EngineConfig
+from diagnostics.core.simulator.request import StepStats
 
 REQUEST_LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0)

@@ -13,7 +13,7 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from diagnostics.core.simulator.engine import SimRequest
+from diagnostics.core.simulator.request import SimRequest
 from diagnostics.core.simulator.scenarios import SCENARIOS
 from diagnostics.sim.driver import Simulation
 

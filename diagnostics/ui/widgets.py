@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from diagnostics.core import figures
+from diagnostics.core.hardware import peak_for
 from diagnostics.core.metrics.catalog import CacheConfig
 from diagnostics.core.metrics.derive import (
     DerivedState,
@@ -27,7 +28,7 @@ from diagnostics.core.metrics.derive import (
     since_start,
     window,
 )
-from diagnostics.core.metrics.gpu import GpuReading, peak_for
+from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.info import ServerInfo, TargetStatus
 from diagnostics.core.simulator.scenarios import SCENARIOS
 from diagnostics.core.targets import PrometheusInstance, TargetsConfig

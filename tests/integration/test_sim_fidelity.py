@@ -17,7 +17,9 @@ import pytest
 from diagnostics.collector import Collector
 from diagnostics.core.capacity.arithmetic import ModelShape
 from diagnostics.core.metrics.catalog import Snapshot
-from diagnostics.core.simulator.engine import GPU_SPECS, EngineConfig, SimEngine
+from diagnostics.core.simulator.config import EngineConfig
+from diagnostics.core.simulator.hardware import GPU_SPECS
+from diagnostics.core.simulator.scheduler import SimEngine
 from diagnostics.sources.vllm_http import VllmClient
 from tests.integration import load
 from tests.integration.test_paged_real import run as real_request

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from diagnostics.core.figures import roofline_figure
+from diagnostics.core.hardware import peak_for
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape, roofline
-from diagnostics.core.metrics.gpu import peak_for
 from diagnostics.core.text import roofline_text
 from tests.conftest import fixture_text
 

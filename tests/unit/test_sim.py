@@ -9,8 +9,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare
 from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, NEEDS_A_FLAG, parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
-from diagnostics.core.simulator.engine import EngineConfig, SimEngine
+from diagnostics.core.simulator.config import EngineConfig
 from diagnostics.core.simulator.scenarios import SCENARIOS, make_engines
+from diagnostics.core.simulator.scheduler import SimEngine
 from diagnostics.core.whatif import StepCost
 from diagnostics.sim.driver import Simulation
 from tests.conftest import fixture_text

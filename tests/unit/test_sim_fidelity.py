@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from diagnostics.core.metrics.derive import Scrape
-from diagnostics.core.simulator.engine import EngineConfig, SimEngine
+from diagnostics.core.simulator.config import EngineConfig
+from diagnostics.core.simulator.scheduler import SimEngine
 from diagnostics.core.whatif import StepCost, calibrate
 from tests.fixtures.fidelity.events import FIDELITY, Events, _value, load, onset_bracketed, real_events
 

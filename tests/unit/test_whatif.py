@@ -19,7 +19,8 @@ from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Budgets, KnownFlags, diagnose, prepare
 from diagnostics.core.metrics.catalog import Histogram, parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
-from diagnostics.core.simulator.engine import EngineConfig, SimEngine
+from diagnostics.core.simulator.config import EngineConfig
+from diagnostics.core.simulator.scheduler import SimEngine
 from diagnostics.recording import read_recording
 from diagnostics.sim.metrics import SimMetrics
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from diagnostics.core.hardware import GPUS
+
 DTYPE_BYTES = {"auto": 2.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0, "float32": 4.0, "fp8": 1.0,
                "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "int8": 1.0, "int4": 0.5, "awq": 0.5, "gptq": 0.5}
 GB = 1e9
@@ -82,8 +84,19 @@ MODEL_PRESETS: dict[str, ModelShape] = {
     "Mistral-7B-v0.1": ModelShape("Mistral-7B-v0.1", 32, 8, 128, 7.24e9),
     "DeepSeek-V2-Lite (MLA)": ModelShape("DeepSeek-V2-Lite (MLA)", 27, 1, 576, 15.7e9, 512, 64),
 }
-GPU_PRESETS_GB: dict[str, float] = {"24 GB (L4 / A10G / 4090)": 24, "48 GB (L40S / A6000)": 48,
-                                    "80 GB (A100 / H100)": 80, "141 GB (H200)": 141}
+
+
+def _memory_presets() -> dict[str, float]:
+    """The GPU table's memory sizes (GB), each named by the families that have it: "80 GB (A100 / H100)"."""
+    families: dict[float, list[str]] = {}
+    for gpu in GPUS:
+        names = families.setdefault(gpu.memory_bytes / GB, [])
+        if gpu.family not in names:
+            names.append(gpu.family)
+    return {f"{gb:g} GB ({' / '.join(names)})": gb for gb, names in sorted(families.items())}
+
+
+GPU_PRESETS_GB = _memory_presets()
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1) -> float:

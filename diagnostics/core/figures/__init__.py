@@ -14,9 +14,10 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from diagnostics.core.hardware import DevicePeak
 from diagnostics.core.metrics.catalog import RATIOS, CacheConfig, EngineKey, Snapshot
 from diagnostics.core.metrics.derive import Scrape, labels_total, spec_decode
-from diagnostics.core.metrics.gpu import DevicePeak, GpuMemory
+from diagnostics.core.metrics.gpu import GpuMemory
 from diagnostics.core.metrics.series import (
     QuantileSeries,
     Series,

@@ -6,7 +6,9 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-from diagnostics.core.simulator.engine import GPU_SPECS, EngineConfig, SimEngine
+from diagnostics.core.simulator.config import EngineConfig
+from diagnostics.core.simulator.hardware import GPU_SPECS
+from diagnostics.core.simulator.scheduler import SimEngine
 
 
 @dataclass(frozen=True, slots=True)

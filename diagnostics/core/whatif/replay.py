@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from diagnostics.core.metrics.catalog import Histogram
 from diagnostics.core.metrics.derive import Scrape, counter_step, histogram_delta, histogram_quantile, restarted
-from diagnostics.core.simulator.engine import EngineConfig, SimEngine, StepStats
+from diagnostics.core.simulator.config import EngineConfig
+from diagnostics.core.simulator.request import StepStats
+from diagnostics.core.simulator.scheduler import SimEngine
 from diagnostics.core.whatif.calibrate import Calibration
 from diagnostics.core.whatif.flags import Flags
 from diagnostics.core.whatif.workload import InferredWorkload
