@@ -18,6 +18,7 @@ from typing import Any
 
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.info import ServerInfo, TargetState, TargetStatus
 from diagnostics.errors import BadPayload, NotVllm, TargetError, TargetHTTPError
@@ -66,7 +67,7 @@ class Collector:
         # The raw text of recent scrapes, compressed, for "save snapshot" (parsed history cannot
         # be turned back into a recording).
         self.raw_retention_seconds = min(raw_retention_seconds, retention_seconds)
-        self._raw: deque[tuple[float, bytes | None, str | None, GpuReading | None]] = deque()
+        self._raw: deque[tuple[float, bytes | None, str | None, ErrorKind | None, GpuReading | None]] = deque()
         self._lock = threading.Lock()
         self._sinks: list[Sink] = []
         self.sink_errors: list[str] = []  # sinks dropped because they raised (see _emit)
@@ -103,10 +104,10 @@ class Collector:
         if seconds is not None and raw:
             raw = [r for r in raw if r[0] >= raw[-1][0] - seconds]
         records = []
-        for i, (ts, blob, error, gpus) in enumerate(raw):
+        for i, (ts, blob, error, kind, gpus) in enumerate(raw):
             metrics = zlib.decompress(blob).decode("utf-8") if blob is not None else None
             records.append(
-                Record(ts, self.target, metrics=metrics, error=error, info=info if i == 0 else None,
+                Record(ts, self.target, metrics=metrics, error=error, error_kind=kind, info=info if i == 0 else None,
                        gpus=_gpus_json(gpus))
             )
         return records
@@ -190,9 +191,9 @@ class Collector:
             text = self.client.metrics_text()
             snapshot = parse_snapshot(text)
         except NotVllm as exc:
-            return self._failed(ts, "not_vllm", str(exc))
+            return self._failed(ts, "not_vllm", exc)
         except (TargetError, BadPayload) as exc:
-            return self._failed(ts, "down", str(exc))
+            return self._failed(ts, "down", exc)
         ts = self._clock()
         with self._lock:
             recovering = self._state != "up"
@@ -215,7 +216,7 @@ class Collector:
             self._last_attempt = ts
             self._num_scrapes += 1
             self._append(scrape, gpus)
-            self._append_raw(ts, zlib.compress(text.encode("utf-8"), 1), None, gpus)
+            self._append_raw(ts, zlib.compress(text.encode("utf-8"), 1), None, None, gpus)
             info_payload = None
             if info_changed or self._info_dirty:
                 info_payload = self._info_payload()
@@ -224,8 +225,9 @@ class Collector:
         self._emit(sinks, Record(ts, self.target, metrics=text, info=info_payload, gpus=_gpus_json(gpus)))
         return scrape
 
-    def _failed(self, ts: float, state: TargetState, message: str) -> Scrape:
-        scrape = Scrape(ts, None, message)
+    def _failed(self, ts: float, state: TargetState, exc: TargetError) -> Scrape:
+        message = str(exc)
+        scrape = Scrape(ts, None, message, exc.kind)
         with self._lock:
             if self._state != state:
                 self._state, self._since = state, ts
@@ -234,9 +236,9 @@ class Collector:
             self._num_scrapes += 1
             self._num_failures += 1
             self._append(scrape, None)
-            self._append_raw(ts, None, message, None)
+            self._append_raw(ts, None, message, exc.kind, None)
             sinks = list(self._sinks)
-        self._emit(sinks, Record(ts, self.target, error=message))
+        self._emit(sinks, Record(ts, self.target, error=message, error_kind=exc.kind))
         return scrape
 
     def _append(self, scrape: Scrape, gpus: GpuReading | None) -> None:
@@ -249,8 +251,9 @@ class Collector:
         while self._gpus and self._gpus[0][0] < horizon:
             self._gpus.popleft()
 
-    def _append_raw(self, ts: float, blob: bytes | None, error: str | None, gpus: GpuReading | None) -> None:
-        self._raw.append((ts, blob, error, gpus))
+    def _append_raw(self, ts: float, blob: bytes | None, error: str | None, kind: ErrorKind | None,
+                    gpus: GpuReading | None) -> None:
+        self._raw.append((ts, blob, error, kind, gpus))
         horizon = ts - self.raw_retention_seconds
         while self._raw and self._raw[0][0] < horizon:
             self._raw.popleft()

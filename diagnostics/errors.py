@@ -3,21 +3,29 @@ messages for people."""
 
 from __future__ import annotations
 
+from diagnostics.core.metrics.failure import ErrorKind
+
 
 class DiagnosticsError(Exception):
     """Base of every error this package raises on purpose."""
 
 
 class TargetError(DiagnosticsError):
-    """The target could not give a usable answer."""
+    """The target could not give a usable answer; ``kind`` says which way (a failed scrape keeps it)."""
+
+    kind: ErrorKind = ErrorKind.UNKNOWN
 
 
 class TargetUnreachable(TargetError):
     """Connection refused, DNS failure, reset: nothing answered."""
 
+    kind = ErrorKind.UNREACHABLE
+
 
 class TargetTimeout(TargetError):
     """The target did not answer within the timeout."""
+
+    kind = ErrorKind.TIMEOUT
 
 
 class TargetHTTPError(TargetError):
@@ -26,14 +34,19 @@ class TargetHTTPError(TargetError):
     def __init__(self, message: str, status_code: int) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.kind = ErrorKind.ENGINE_UNAVAILABLE if status_code == 503 else ErrorKind.HTTP_STATUS
 
 
 class NotVllm(TargetError):
     """The target answered, but not as a vLLM server (no ``vllm:`` metric family)."""
 
+    kind = ErrorKind.NOT_VLLM
+
 
 class BadPayload(TargetError):
     """A response (or recorded payload) that cannot be parsed."""
+
+    kind = ErrorKind.BAD_PAYLOAD
 
 
 class BadMetricsPayload(BadPayload):

@@ -19,6 +19,7 @@ from diagnostics.core.fleet import promql
 from diagnostics.core.fleet.promql import Discovered, Scope
 from diagnostics.core.fleet.table import FleetFinding, FleetRow, Outlier, fleet_findings, outliers, rows
 from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.info import ServerInfo, TargetStatus
 from diagnostics.errors import TargetError
@@ -81,7 +82,7 @@ def records(client: PrometheusClient, scope: Scope, window: Window, model: str |
         payload = {"version": None, "models": info.models_json} if info is not None and not out else None
         if promql.is_down(samples):
             out.append(Record(ts, scope.instance, error=f"Prometheus: {scope.instance} down at this instant",
-                              info=payload))
+                              error_kind=ErrorKind.UNKNOWN, info=payload))
         else:
             out.append(Record(ts, scope.instance, metrics=promql.exposition(samples), info=payload))
     return out

@@ -3,10 +3,12 @@
 JSON Lines, gzip-compressed when the name ends in ``.gz``; one object per line::
 
     {"ts": 1795990768.1, "target": "http://127.0.0.1:8000", "metrics": "<full /metrics text>"}
-    {"ts": 1795990769.1, "target": "http://127.0.0.1:8000", "error": "cannot reach ..."}
+    {"ts": 1795990769.1, "target": "http://127.0.0.1:8000", "error": "cannot reach …", "error_kind": "unreachable"}
 
-Optional keys: ``info`` (``{"version": <GET /version>, "models": <GET /v1/models>}``, on the first
-line and whenever it changes) and ``gpus`` (``[{"index", "name", "memory_used_bytes",
+``error_kind`` is one of :class:`~diagnostics.core.metrics.failure.ErrorKind`'s values; recordings
+made before it existed carry the message only, and the kind is read from the adapter's wording of
+that time (:func:`legacy_error_kind`). Optional keys: ``info`` (``{"version": <GET /version>,
+"models": <GET /v1/models>}``, on the first line and whenever it changes) and ``gpus`` (``[{"index", "name", "memory_used_bytes",
 "memory_total_bytes"}]``). Readers ignore unknown keys and report each malformed line with its
 number; replay parses the same text with the same code as live collection, so it derives the
 same series. No API key is ever written: records carry the base URL only.
@@ -26,6 +28,7 @@ from typing import IO, Any
 
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.history import Replay
 from diagnostics.core.metrics.info import ServerInfo
@@ -40,6 +43,7 @@ class Record:
     target: str
     metrics: str | None = None
     error: str | None = None
+    error_kind: ErrorKind | None = None
     info: Mapping[str, Any] | None = None
     gpus: Sequence[Mapping[str, Any]] | None = None
 
@@ -49,6 +53,7 @@ class Record:
             obj["metrics"] = self.metrics
         else:
             obj["error"] = self.error or "unknown error"
+            obj["error_kind"] = str(self.error_kind or ErrorKind.UNKNOWN)
         if self.info is not None:
             obj["info"] = dict(self.info)
         if self.gpus is not None:
@@ -76,14 +81,44 @@ def decode_line(line: str, line_no: int) -> Record:
         raise BadRecording(f"line {line_no}: needs a 'metrics' or an 'error' string", line_no)
     info = obj.get("info") if isinstance(obj.get("info"), dict) else None
     gpus = obj.get("gpus") if isinstance(obj.get("gpus"), list) else None
+    kind = None
+    if not isinstance(metrics, str):
+        stored = obj.get("error_kind")
+        kind = ErrorKind(stored) if stored in _KIND_VALUES else legacy_error_kind(str(error))
     return Record(
         float(ts),
         target,
         metrics if isinstance(metrics, str) else None,
         error if isinstance(error, str) else None,
+        kind,
         info,
         gpus,
     )
+
+
+_KIND_VALUES = frozenset(kind.value for kind in ErrorKind)
+# The messages the adapters wrote before recordings stored a kind (up to the recordings of
+# 2026-05), frozen here: today's wording lives in the adapters, which name the kind themselves.
+_LEGACY_KINDS: tuple[tuple[str, ErrorKind], ...] = (
+    ("did not answer within", ErrorKind.TIMEOUT),
+    ("engine unhealthy", ErrorKind.ENGINE_UNAVAILABLE),
+    ("HTTP 503", ErrorKind.ENGINE_UNAVAILABLE),
+    ("answered HTTP", ErrorKind.HTTP_STATUS),
+    ("cannot reach", ErrorKind.UNREACHABLE),
+    ("failed:", ErrorKind.UNREACHABLE),
+    ("bad payload", ErrorKind.BAD_PAYLOAD),
+    ("not UTF-8", ErrorKind.BAD_PAYLOAD),
+    ("exceeds", ErrorKind.BAD_PAYLOAD),
+    ("did not answer JSON", ErrorKind.BAD_PAYLOAD),
+    ("no vllm: metrics", ErrorKind.NOT_VLLM),
+    ("HTML page", ErrorKind.NOT_VLLM),
+)
+
+
+def legacy_error_kind(message: str) -> ErrorKind:
+    """The kind of a failed scrape in a recording that stored only its message (see the module
+    docstring); UNKNOWN for a message no adapter wrote."""
+    return next((kind for text, kind in _LEGACY_KINDS if text in message), ErrorKind.UNKNOWN)
 
 
 @dataclass(slots=True)
@@ -117,12 +152,12 @@ class Recording:
 def scrapes_from_records(records: Iterable[Record]) -> Iterator[Scrape]:
     for record in records:
         if record.metrics is None:
-            yield Scrape(record.ts, None, record.error)
+            yield Scrape(record.ts, None, record.error, record.error_kind or ErrorKind.UNKNOWN)
             continue
         try:
             yield Scrape(record.ts, parse_snapshot(record.metrics))
         except BadPayload as exc:
-            yield Scrape(record.ts, None, f"bad payload: {exc}")
+            yield Scrape(record.ts, None, f"bad payload: {exc}", ErrorKind.BAD_PAYLOAD)
 
 
 def _open_text(path: Path, mode: str) -> IO[str]:

@@ -51,6 +51,16 @@ def fmt_seconds_as_ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
 
 
+def fmt_duration(seconds: float) -> str:
+    """How long something lasted, in a title: seconds below two minutes, else minutes."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def fmt_ms_or_bound(seconds: float, first_bound: float) -> str:
+    """A median of interval medians, shown as "< bound" when it lies in the histogram's first bucket."""
+    return f"< {fmt_seconds_as_ms(first_bound)}" if seconds <= first_bound else fmt_seconds_as_ms(seconds)
+
+
 def fmt_latency(q: Quantile | None) -> str:
     """A latency quantile with its bucket honesty: ``< 300 ms`` in the first bucket, ``> 80.0 s``
     beyond the last finite one, else the interpolated value."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.failure import ErrorKind
 
 L = 'engine="0",model_name="m"'
 ITL_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -82,5 +83,13 @@ def scrape(ts: float, **kw: object) -> Scrape:
     return Scrape(ts, parse_snapshot(text(**kw)))  # type: ignore[arg-type]
 
 
-def down(ts: float, message: str = "cannot reach http://h:1: [Errno 111] Connection refused") -> Scrape:
-    return Scrape(ts, None, message)
+# What the HTTP adapter says for each kind of failure (rules read the kind, never these words).
+MESSAGES = {
+    ErrorKind.UNREACHABLE: "cannot reach http://h:1: [Errno 111] Connection refused",
+    ErrorKind.TIMEOUT: "/metrics did not answer within 2 s",
+    ErrorKind.ENGINE_UNAVAILABLE: "/metrics answered HTTP 503 Service Unavailable",
+}
+
+
+def down(ts: float, kind: ErrorKind = ErrorKind.UNREACHABLE, message: str | None = None) -> Scrape:
+    return Scrape(ts, None, MESSAGES.get(kind, str(kind)) if message is None else message, kind)

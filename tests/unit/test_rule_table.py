@@ -1,19 +1,25 @@
-"""The rule table's names all resolve (knobs, charts, alerts, scenarios, suppressions), and every
-finding a rule emits is one its row lists."""
+"""The rule table's names all resolve (knobs, charts, alerts, scenarios), every finding id a row
+declares is built by some sample window, and what the runner stamps on each finding is its row's.
+Every list here is read from the table."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from diagnostics.core.diagnosis import RULES, Budgets, Context, Rule, Thresholds, prepare
+from diagnostics.core.diagnosis import RULES, Budgets, Context, Rule, Thresholds, diagnose, prepare
 from diagnostics.core.diagnosis.alerts import alert_rules
+from diagnostics.core.diagnosis.context import TokensStopped
 from diagnostics.core.diagnosis.knobs import KNOBS_BY_ID
 from diagnostics.core.diagnosis.logs import ERROR_PATTERNS
-from diagnostics.core.diagnosis.rules import STARTUP_ERRORS
+from diagnostics.core.diagnosis.rules.startup import STARTUP_ERRORS
+from diagnostics.core.diagnosis.runner import run_rule
+from diagnostics.core.diagnosis.table import Stamp
 from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, HISTOGRAMS, RATIOS, parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario
 from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
@@ -23,6 +29,9 @@ from tests.unit.test_rules import hol_history, steady
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ALERTS = {a.name: a for a in alert_rules(Thresholds(), itl_budget_ms=50, ttft_budget_ms=500)}
 BY_ID = {rule.id: rule for rule in RULES}
+CHARTS = {*GAUGES, *COUNTERS, *HISTOGRAMS, *RATIOS}  # what the Diagnose page's finding chart can draw
+DECLARED = [(rule, finding_id) for rule in RULES for finding_id in rule.finding_ids]
+STAMPS = [pytest.param(rule.stamp(finding_id), id=f"{rule.id}:{finding_id}") for rule, finding_id in DECLARED]
 
 
 def _name(value: object) -> str:
@@ -33,19 +42,21 @@ def test_rule_ids_are_unique() -> None:
     assert len(BY_ID) == len(RULES)
 
 
-def test_finding_ids_are_unique_across_rows() -> None:
-    ids = [i for rule in RULES for i in rule.finding_ids]
-    assert len(ids) == len(set(ids))
+def test_a_finding_id_shared_by_rows_names_different_causes() -> None:
+    """Rows may share the finding id users know (engines out of balance) only when they reach it
+    by different causes, each with its own knob; otherwise they would be one rule."""
+    rows: dict[str, list[Rule]] = {}
+    for rule, finding_id in DECLARED:
+        rows.setdefault(finding_id, []).append(rule)
+    for finding_id, sharing in rows.items():
+        knobs = [rule.stamp(finding_id).knobs for rule in sharing]
+        assert len(set(knobs)) == len(knobs), (finding_id, [r.id for r in sharing])
 
 
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
-def test_every_knob_is_a_knob_table_row(rule: Rule) -> None:
-    assert set(rule.knobs) <= set(KNOBS_BY_ID), rule
-
-
-@pytest.mark.parametrize("rule", [r for r in RULES if r.chart], ids=lambda r: r.id)
-def test_every_chart_is_a_catalog_concept(rule: Rule) -> None:
-    assert rule.chart in {*GAUGES, *COUNTERS, *HISTOGRAMS, *RATIOS}
+@pytest.mark.parametrize("stamp", STAMPS)
+def test_every_stamped_knob_is_a_knob_table_row_and_every_chart_can_be_drawn(stamp: Stamp) -> None:
+    assert set(stamp.knobs) <= set(KNOBS_BY_ID)
+    assert stamp.chart is None or stamp.chart in CHARTS
 
 
 @pytest.mark.parametrize(("rule", "alert"), [(r, r.alert) for r in RULES if r.alert], ids=_name)
@@ -64,13 +75,34 @@ def test_every_scenario_finding_has_a_rule(scenario: Scenario) -> None:
     assert any(scenario.knob in rule.finding_ids for rule in RULES)
 
 
-def test_every_log_error_kind_has_a_title_and_knob() -> None:
-    assert {kind for kind, _ in ERROR_PATTERNS} == set(STARTUP_ERRORS)
+def test_every_log_error_kind_has_a_title_a_knob_and_a_finding_id() -> None:
+    kinds = {kind for kind, _ in ERROR_PATTERNS}
+    assert kinds == set(STARTUP_ERRORS)
+    assert {f"startup_{kind}" for kind in kinds} <= {finding_id for _, finding_id in DECLARED}
 
 
 def _restarted(ts: float) -> Scrape:
     return Scrape(ts, parse_snapshot(text(gen=5, running=1).replace("process_start_time_seconds 1000",
                                                                     "process_start_time_seconds 2000")))
+
+
+def _ttft(queue_s: float, prefill_s: float) -> list[Scrape]:
+    """20 requests a second whose TTFT p95 is over 500 ms, with the mean queue and prefill times given."""
+    return [scrape(float(t), gen=100 * t, running=8, waiting=4, usage=0.3, ttft_counts=[0.0, 20.0 * t, 0.0],
+                   queue_seconds=(queue_s * 20 * t, 20 * t), prefill_seconds=(prefill_s * 20 * t, 20 * t))
+            for t in range(10)]
+
+
+# One line per startup error kind vLLM prints (the fixtures hold real logs of three of them).
+VERSION = "INFO 11-29 10:00:00 [api_server.py:1] vLLM API server version 0.10.2\n"
+STARTUP_LINES = {
+    "autofit_impossible": "ValueError: Cannot auto-fit max_model_len: not enough memory for even 1 token.",
+    "profiling_changed": "AssertionError: Error in memory profiling. Initial free memory 30.0 GiB, current 20.0 GiB.",
+    "oom_model_load": "ERROR Failed to load model - not enough GPU memory. Try lowering --gpu-memory-utilization.",
+    "oom_sampler": "RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy requests.",
+    "cuda_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    "engine_dead": "RuntimeError: Engine core initialization failed. See root cause above.",
+}
 
 
 def _contexts() -> dict[str, Context]:
@@ -81,7 +113,11 @@ def _contexts() -> dict[str, Context]:
     slow = [scrape(float(t), gen=100 * t, running=8, itl_counts=[0, 0, 50 * t] + [0] * 11, itl_sum=t)
             for t in range(10)]
     sampled = [scrape(float(t), gen=100 * t, prefix_caching=False, n_counts=[t, 0, 0, 5 * t, 0, 0]) for t in range(5)]
+    # n = 4 samples of 100-token prompts, prefix caching on, and hardly a cache hit.
+    unshared = [scrape(float(t), gen=100 * t, n_counts=[0, 0, 5 * t, 0, 0, 0], hits=t, queries=1000 * t,
+                       prompt_len_counts=[0] * 6 + [5 * t] + [0] * 5) for t in range(5)]
     bare = [Scrape(float(t), parse_snapshot(f'vllm:num_requests_running{{model_name="m"}} {t}\n')) for t in range(3)]
+    late = steady(5) + [down(5.0, ErrorKind.TIMEOUT)] + steady(10)[6:]
     recording = read_recording(str(FIXTURES / "recording-tiny-burst-0.32.0.jsonl.gz"))
     contexts = {
         "healthy": prepare(steady(30, running=8, usage=0.3)),
@@ -90,14 +126,20 @@ def _contexts() -> dict[str, Context]:
         "queue": prepare(queued),
         "preemption": prepare(preempted),
         "outage_and_restart": prepare(steady(5, running=1) + [down(5.0), down(6.0)] + [_restarted(7.0)]),
+        "late_scrape": prepare(late),
         "head_of_line": prepare(hol_history(2000), budgets=Budgets(itl_ms=5)),
         "slow_decode": prepare(slow, budgets=Budgets(itl_ms=5)),
         "itl_budget_unset": prepare(slow),
+        "ttft_queue": prepare(_ttft(0.6, 0.2), budgets=Budgets(ttft_ms=500)),
+        "ttft_prefill": prepare(_ttft(0.1, 0.7), budgets=Budgets(ttft_ms=500)),
         "sharing_disabled": prepare(sampled),
+        "sharing_not_happening": prepare(unshared),
         "absent": prepare(bare),
         **{name: prepare([Scrape(ts, parse_snapshot(t)) for ts, t in Simulation(name).run_for(40)])
-           for name in ("hung_rank", "lora_deferred", "admission_limit", "asleep", "spec_decode_low", "slow_rank")},
+           for name in ("hung_rank", "lora_deferred", "admission_limit", "asleep", "spec_decode_low", "slow_rank",
+                        "pinned_rank")},
         "real_recording": prepare(recording.scrapes(), info=recording.info(), budgets=Budgets(itl_ms=1, ttft_ms=1)),
+        **{f"log_{kind}": prepare([], log_text=VERSION + line + "\n") for kind, line in STARTUP_LINES.items()},
     }
     for log in FIXTURES.glob("log-*.txt"):
         contexts[log.stem] = prepare([], log_text=log.read_text())
@@ -108,26 +150,40 @@ def _contexts() -> dict[str, Context]:
 CONTEXTS = _contexts()
 
 
+def _runs(ctx: Context) -> list[Rule]:
+    return [rule for rule in RULES if ctx.ok or not rule.needs_scrapes]
+
+
+def test_the_sample_windows_build_every_finding_id_every_row_declares() -> None:
+    built = {(rule.id, f.id) for ctx in CONTEXTS.values() for rule in _runs(ctx) for f in run_rule(rule, ctx)}
+    assert built == {(rule.id, finding_id) for rule, finding_id in DECLARED}
+
+
 @pytest.mark.parametrize("name", CONTEXTS)
-def test_every_finding_a_rule_emits_is_listed_in_its_row(name: str) -> None:
+def test_each_finding_carries_the_knobs_chart_and_window_of_its_row_and_no_body_writes_them(name: str) -> None:
     ctx = CONTEXTS[name]
-    for rule in RULES:
-        if rule.needs_scrapes and not ctx.ok:
-            continue
-        for finding in rule.run(ctx):
-            assert finding.id in rule.finding_ids, (rule.id, finding.id)
-            assert set(finding.knobs) <= set(rule.knobs), (rule.id, finding.knobs)
-            assert finding.chart in (None, rule.chart), (rule.id, finding.chart)
+    for rule in _runs(ctx):
+        for raw in rule.run(ctx):
+            assert (raw.knobs, raw.chart, "window" in raw.evidence) == ((), None, False), (rule.id, raw.id)
+        for finding in run_rule(rule, ctx):
+            stamp = rule.stamp(finding.id)
+            assert finding.knobs == stamp.knobs, (rule.id, finding.id)
+            assert finding.chart == (stamp.chart if ctx.ok else None), (rule.id, finding.id)
+            window = finding.evidence.get("window")
+            if stamp.window and ctx.history:
+                assert window == {"start": ctx.history[0].ts, "end": ctx.history[-1].ts,
+                                  "seconds": round(ctx.history[-1].ts - ctx.history[0].ts, 3)}, (rule.id, finding.id)
+            else:
+                assert window is None, (rule.id, finding.id)
 
 
-def test_the_sample_windows_make_every_row_but_one_speak() -> None:
-    """Guards the check above against windows that trigger nothing (sharing_not_happening needs a
-    prompt-length histogram the synthetic payload lacks)."""
-    spoke = {rule.id for ctx in CONTEXTS.values() for rule in RULES if (ctx.ok or not rule.needs_scrapes)
-             and rule.run(ctx)}
-    assert set(BY_ID) - spoke == {"sharing_not_happening"}
-
-
-def test_rules_that_give_queue_capacity_or_latency_advice_do_not_run_while_tokens_stopped() -> None:
-    skipped = {rule.id for rule in RULES if not rule.while_tokens_stopped}
-    assert skipped == {"kv_pressure", "queue_at_cap", "slow_decode", "ttft", "waiting_deferred", "admission_rejected"}
+@pytest.mark.parametrize("name", [n for n, ctx in CONTEXTS.items() if ctx.ok])
+def test_rows_marked_not_while_tokens_stopped_are_skipped_then_and_only_they(name: str) -> None:
+    """The same window judged as if tokens had just stopped: the rows that give queue, capacity or
+    latency advice say nothing, every other row says what it said."""
+    ctx = CONTEXTS[name]
+    stopped = replace(ctx, tokens_stopped=TokensStopped(3.0, ctx.ok[-1][0].ts - 3.0, 4.0, False))
+    during = {f.id for f in diagnose(stopped)}
+    for rule in _runs(ctx):
+        said = {f.id for f in run_rule(rule, ctx)}
+        assert (said <= during) if rule.while_tokens_stopped else not said & during, rule.id

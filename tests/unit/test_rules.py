@@ -22,6 +22,7 @@ from diagnostics.core.diagnosis import (
 )
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.failure import ErrorKind
 from tests.unit.synth import down, scrape
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -111,7 +112,7 @@ def test_an_outage_that_came_and_went_is_reported_with_its_range() -> None:
 
 
 def test_an_ongoing_outage_is_critical_and_says_so() -> None:
-    history = steady(5) + [down(5.0), down(6.0, "engine unhealthy: /health answered HTTP 503")]
+    history = steady(5) + [down(5.0), down(6.0, ErrorKind.ENGINE_UNAVAILABLE)]
     f = next(f for f in diagnose(prepare(history)) if f.id == "server_down")
     assert f.evidence["ongoing"] is True and "Engine dead" in f.title
     assert exit_code(diagnose(prepare(history))) == 2
@@ -515,7 +516,7 @@ def test_an_itl_p95_in_the_first_bucket_is_not_over_a_budget_below_that_bucket()
     assert "< 10 ms" in unset.title
 
 
-TIMEOUT = "/metrics did not answer within 2 s"
+TIMEOUT = ErrorKind.TIMEOUT
 
 
 def test_a_scrape_that_timed_out_once_is_a_slow_server_not_an_outage() -> None:
@@ -541,6 +542,19 @@ def test_timeouts_that_last_or_are_still_going_are_an_outage() -> None:
     for history in (long_run, ongoing, refused, mixed):
         ids = [f.id for f in diagnose(prepare(history))]
         assert "server_down" in ids and "scrapes_slow" not in ids, ids
+
+
+@pytest.mark.parametrize(("kind", "message", "expect"), [
+    (ErrorKind.TIMEOUT, "late", "scrapes_slow"),  # a timeout in any words is a late answer
+    (ErrorKind.UNREACHABLE, "/metrics did not answer within 2 s", "Server unreachable"),  # the words do not count
+    (ErrorKind.ENGINE_UNAVAILABLE, "gone", "Engine dead"),
+    (ErrorKind.HTTP_STATUS, "/metrics answered HTTP 503 Service Unavailable", "Server unreachable"),
+])
+def test_the_outage_rule_reads_the_error_kind_never_the_message(kind: ErrorKind, message: str, expect: str) -> None:
+    history = steady(5) + [down(5.0, kind, message)] + [scrape(6.0, gen=600)]
+    found = [f for f in diagnose(prepare(history)) if f.id in ("server_down", "scrapes_slow")]
+    assert len(found) == 1 and (found[0].id == expect or expect in found[0].title), found
+    assert found[0].id == "scrapes_slow" or found[0].evidence["errors"] == [message]  # the words are kept for people
 
 
 _LAB = 'engine="0",model_name="m"'

@@ -3,7 +3,9 @@
 The page and the CLI used to rebuild these inputs each (and the log was parsed twice); rules used
 to recompute the same per-interval deltas each. Here the log is parsed once, the flags resolved
 once, and the per-interval series (:class:`Interval`) and stall episodes (:class:`Stall`) computed
-once; a rule is then a pure function of the :class:`Context`.
+once, and so are the per-engine judgements several rules share (silent ranks, load skews, slow
+ranks: :mod:`~diagnostics.core.diagnosis.data_parallel`); a rule is then a pure function of the
+:class:`Context`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from diagnostics.core.diagnosis.data_parallel import (
+    LoadSkew,
+    SilentRank,
+    SlowRank,
+    load_skews,
+    silent_ranks,
+    slow_ranks,
+)
 from diagnostics.core.diagnosis.latency import ItlProfile, itl_profile, large_step
 from diagnostics.core.diagnosis.logs import LogFacts, parse_log
 from diagnostics.core.diagnosis.types import Budgets, KnownFlags, Thresholds
@@ -82,6 +92,15 @@ class Context:
     stalls: tuple[Stall, ...]
     tokens_stopped: TokensStopped | None
     itl: ItlProfile
+    silent_ranks: tuple[SilentRank, ...]
+    # Every run of scrapes in which an engine held work a peer had room for, however short: each
+    # rule keeps those lasting as long as it needs (:meth:`skews_lasting`).
+    load_skews: tuple[LoadSkew, ...]
+    slow_ranks: tuple[SlowRank, ...]
+
+    def skews_lasting(self, seconds: float) -> list[LoadSkew]:
+        """The load skews that lasted at least ``seconds``."""
+        return [skew for skew in self.load_skews if skew.seconds >= seconds]
 
 
 def prepare(
@@ -117,6 +136,9 @@ def prepare(
         stalls=_stalls(intervals, thresholds),
         tokens_stopped=_tokens_stopped(intervals, thresholds),
         itl=itl_profile(rows, merge_histograms([iv.prompt_len for iv in intervals]), budgets, thresholds),
+        silent_ranks=tuple(silent_ranks(ok, thresholds.hung_rank_min_seconds, thresholds.hung_rank_peer_batch)),
+        load_skews=tuple(load_skews(ok, 0.0, thresholds.kv_full_perc, thresholds.skew_kv_gap)),
+        slow_ranks=tuple(slow_ranks(ok, thresholds.slow_rank_window_seconds, thresholds.slow_rank_max_ratio)),
     )
 
 

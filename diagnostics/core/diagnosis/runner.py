@@ -1,12 +1,14 @@
-"""Runs the rule table over a context: the one place where rules are combined."""
+"""Runs the rule table over a context: the one place where rules are combined and where each
+finding gets what its row points to."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from diagnostics.core.diagnosis.context import Context
-from diagnostics.core.diagnosis.table import RULES
+from diagnostics.core.diagnosis.table import RULES, Rule
 from diagnostics.core.diagnosis.types import SEVERITY_ORDER, Finding, KnownFlags
 
 
@@ -22,8 +24,28 @@ def diagnose(ctx: Context) -> list[Finding]:
     for rule in RULES:
         if (rule.needs_scrapes and not ctx.ok) or (ctx.tokens_stopped is not None and not rule.while_tokens_stopped):
             continue
-        findings += [_effective(f, ctx.flags) for f in rule.run(ctx)]
+        findings += [_effective(f, ctx.flags) for f in run_rule(rule, ctx)]
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.time_range[0] if f.time_range else 0))
+
+
+def run_rule(rule: Rule, ctx: Context) -> list[Finding]:
+    """One row's findings with what the row points to stamped on (:meth:`Rule.stamp`): its knobs,
+    its chart when there is a good scrape to draw it from, and the window judged (``window``
+    evidence: first and last scrape) when the row's finding was judged on scrapes."""
+    window = _window(ctx)
+    out = []
+    for finding in rule.run(ctx):
+        stamp = rule.stamp(finding.id)
+        evidence = {**finding.evidence, "window": window} if stamp.window and window else finding.evidence
+        out.append(replace(finding, knobs=stamp.knobs, chart=stamp.chart if ctx.ok else None, evidence=evidence))
+    return out
+
+
+def _window(ctx: Context) -> dict[str, Any] | None:
+    if not ctx.history:
+        return None
+    first, last = ctx.history[0].ts, ctx.history[-1].ts
+    return {"start": first, "end": last, "seconds": round(last - first, 3)}
 
 
 def _effective(finding: Finding, flags: KnownFlags) -> Finding:

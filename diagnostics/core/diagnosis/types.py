@@ -77,7 +77,8 @@ class Budgets:
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Every number a rule compares against, in one place so table-driven tests can vary them."""
+    """Every number a rule compares against or sizes a suggestion by, in one place so table-driven
+    tests can vary them (and the alert rules read the same values)."""
 
     kv_full_perc: float = 0.95  # KV usage counted as "near full"
     kv_low_perc: float = 0.80  # below this the KV cache is not what limits admission
@@ -118,6 +119,39 @@ class Thresholds:
     spec_keep_position: float = 0.5  # keep draft positions accepted at least this often
     spec_min_gain: float = 1.5  # mean accepted length (tokens per verify step) below this: costs more than it gains
     max_gpu_memory_utilization: float = 0.95
+    # What the server did just before it went down or restarted: the good scrapes this long before.
+    before_seconds: float = 60.0
+    # Preemptions this often (per second over the window), with the cache near full and requests
+    # waiting, make KV pressure critical: the server spends much of its time recomputing.
+    kv_critical_preemptions_per_second: float = 1.0
+    # Queue (and deferral) episodes closer than this are one episode: a gauge that reads 0 for one
+    # scrape between two waits did not drain the queue.
+    queue_merge_seconds: float = 2.0
+    # Rejections are counted between scrapes; the state that caused them is read from this long before
+    # the first interval with a rejection (up to ``admission_drain_seconds`` after the last).
+    admission_lead_seconds: float = 5.0
+    # n > 1 samples share a prompt's full blocks only: a prompt shorter than this many blocks has
+    # (almost) nothing to share, so a low hit rate there says nothing.
+    sharing_min_prompt_blocks: float = 2.0
+    # How far a suggested value moves (the KV cache pinned by --num-gpu-blocks-override or
+    # --kv-cache-memory-bytes is raised by this factor; --gpu-memory-utilization by this step).
+    kv_pin_raise_factor: float = 1.5
+    gpu_memory_utilization_step: float = 0.05
+    # --max-model-len as a trade-off: the window's p99 prompt + output tokens times this headroom,
+    # rounded up to a multiple of ``max_model_len_step_tokens``.
+    max_model_len_headroom: float = 1.25
+    max_model_len_step_tokens: int = 256
+    # Under KV pressure, --max-num-seqs down to this share of the running count when preemption began.
+    kv_fewer_seqs_share: float = 0.75
+    # The head-of-line chunk budget never goes below this many tokens (vLLM's small defaults sit
+    # below it; the budget also never goes below --max-num-seqs, which vLLM requires).
+    min_chunk_tokens: int = 512
+    # A startup that asked for more device memory than was free: the free share less this margin,
+    # and never below ``min_gpu_memory_utilization``.
+    free_memory_margin_perc: float = 0.02
+    min_gpu_memory_utilization: float = 0.05
+    # The sampler warm-up ran out of memory with N dummy requests: --max-num-seqs to this share of N.
+    sampler_oom_seqs_share: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from typing import Any
 
 from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, HISTOGRAMS, MEAN_CONCEPTS, snapshot_from_samples
 from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.metrics.parse import PROCESS_START, Sample
 
 TARGET_LABELS = ("job", "instance")
@@ -321,7 +322,8 @@ def histories_from_matrix(result: Sequence[Mapping[str, Any]]) -> dict[str, list
         for ts, samples in by_ts.items():
             if is_down(samples):
                 why = "down" if any(s.name == "up" and s.value == 0 for s in samples) else "no vLLM samples"
-                scrapes.append(Scrape(ts, None, f"Prometheus: {instance} {why} at this instant"))
+                # Prometheus does not say why its scrape failed.
+                scrapes.append(Scrape(ts, None, f"Prometheus: {instance} {why} at this instant", ErrorKind.UNKNOWN))
             else:
                 scrapes.append(Scrape(ts, snapshot_from_samples(samples)))
         out[instance] = scrapes

@@ -15,15 +15,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from diagnostics.core.metrics.catalog import CacheConfig, EngineKey, Histogram, Snapshot
+from diagnostics.core.metrics.failure import ErrorKind
 
 
 @dataclass(frozen=True, slots=True)
 class Scrape:
-    """One collection attempt: a snapshot, or the error that replaced it."""
+    """One collection attempt: a snapshot, or the error that replaced it (``error`` for people,
+    ``error_kind`` for rules; a failed scrape without a kind is of unknown cause)."""
 
     ts: float
     snapshot: Snapshot | None
     error: str | None = None
+    error_kind: ErrorKind | None = None
 
 
 def window(history: Sequence[Scrape], seconds: float, end: float | None = None) -> list[Scrape]:

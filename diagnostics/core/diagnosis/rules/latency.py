@@ -1,0 +1,216 @@
+"""Latency over what the operator holds the server to: decode gaps stretched by long prefills
+(head-of-line blocking), decode slower than the ITL budget, and time to first token over its budget,
+each read from the ITL profile the context computed once (:mod:`~diagnostics.core.diagnosis.latency`)."""
+
+from __future__ import annotations
+
+import math
+
+from diagnostics.core.diagnosis.context import Context
+from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
+from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, quantile_evidence, whole
+from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
+from diagnostics.core.diagnosis.types import Finding, Suggestion
+from diagnostics.core.metrics.derive import (
+    count_above,
+    histogram_delta,
+    histogram_quantile,
+    merge_histograms,
+    quantile_estimate,
+)
+from diagnostics.core.text import fmt_latency, fmt_ms_or_bound
+
+
+def head_of_line(ctx: Context) -> list[Finding]:
+    """A tail of ITL spikes next to large prefill steps, with long individual prompts and a flat
+    median: lower the chunked-prefill budget, not the batch (see
+    :mod:`~diagnostics.core.diagnosis.latency`)."""
+    t, prof = ctx.thresholds, ctx.itl
+    if not prof.head_of_line or prof.baseline_p50_seconds is None:
+        return []
+    blocking = prof.blocking
+    worst_p99 = max(iv.p99_seconds or 0.0 for iv in blocking)
+    share = max(prof.tail_share(iv) for iv in blocking)
+    window = merge_histograms([iv.itl for iv in prof.intervals])
+    p50, p99 = histogram_quantile(0.5, window), histogram_quantile(0.99, window)
+    big = [count_above(iv.steps, t.hol_big_step_tokens) for iv in prof.intervals if iv.steps is not None]
+    value, step_tokens = _chunk_budget(ctx)
+    why = (f"Steps of about {step_tokens:,.0f} tokens stretched decode gaps from "
+           f"{prof.baseline_p50_seconds * 1000:.0f} to {worst_p99 * 1000:.0f} ms; at that cost per token, chunks of "
+           f"{value:,} keep a step under {prof.spike_threshold_seconds * 1000:.0f} ms. A smaller chunked-prefill "
+           "budget splits a long prompt over several steps (vLLM docs: 'Smaller values (e.g., 2048) achieve "
+           "better ITL').")
+    return [
+        Finding(
+            id="head_of_line_blocking",
+            severity="warning",
+            title=f"Head-of-line blocking: ITL p99 up to {worst_p99 * 1000:.0f} ms next to long prefills "
+            f"(median {prof.baseline_p50_seconds * 1000:.0f} ms stays flat)",
+            evidence={
+                "itl_baseline_p50_seconds": prof.baseline_p50_seconds,
+                "itl_window_p50_seconds": p50,
+                "itl_window_p99_seconds": p99,
+                "itl_worst_interval_p99_seconds": worst_p99,
+                "spike_threshold_seconds": prof.spike_threshold_seconds,
+                "max_share_of_gaps_above_threshold_perc": round(share, 4),
+                "spike_intervals": len(prof.spikes),
+                "spike_intervals_next_to_large_prefill": len(blocking),
+                "large_engine_steps": sum(big) if big else None,
+                "large_step_tokens_over": t.hol_big_step_tokens,
+                "long_prompts": prof.long_prompts,
+                "long_prompt_tokens_over": t.hol_long_prompt_tokens,
+            },
+            suggestions=(Suggestion("--max-num-batched-tokens", "decrease", value, why),),
+            checks=(
+                "This is the chunk size, not the batch size: do not lower --max-num-seqs for it.",
+                "Chunked prefill is on by default in V1; make sure it was not disabled.",
+                "A smaller chunk raises TTFT of the long prompts: check the TTFT budget after the change.",
+            ),
+            time_range=(blocking[0].start, blocking[-1].end),
+        )
+    ]
+
+
+def _chunk_budget(ctx: Context) -> tuple[int, float]:
+    """The --max-num-batched-tokens that keeps a prefill-carrying step under the spike threshold,
+    and the step size it is scaled from: a step of S tokens stretched the gap from the baseline B to
+    the worst interval p99 W, so a chunk of S·(T−B)/(W−B) tokens gives about T. A power of two, at
+    most half of the current budget when that is known (rounded down to a power of two as well),
+    and at least ``min_chunk_tokens`` and --max-num-seqs (vLLM requires the budget to hold one token
+    per sequence)."""
+    prof = ctx.itl
+    base = prof.baseline_p50_seconds or 0.0
+    worst = max(iv.p99_seconds or 0.0 for iv in prof.blocking)
+    steps = [_largest_step(iv) for iv in prof.blocking]
+    step_tokens = max(steps) if steps else ctx.thresholds.hol_big_step_tokens
+    current = ctx.flags.max_num_batched_tokens
+    if current:
+        step_tokens = min(step_tokens, current)
+    scaled = step_tokens * (prof.spike_threshold_seconds - base) / max(worst - base, 1e-9)
+    value = _pow2_floor(scaled)
+    if current:
+        value = min(value, _pow2_floor(current / 2))
+    # vLLM refuses a budget below --max-num-seqs.
+    floor = max(ctx.thresholds.min_chunk_tokens, ctx.flags.max_num_seqs or 0)
+    return max(floor, value), step_tokens
+
+
+def _pow2_floor(x: float) -> int:
+    return int(2 ** int(math.log2(max(1.0, x))))
+
+
+def _largest_step(iv: IntervalItl) -> float:
+    """The largest engine step of the interval in tokens: the upper bound of the highest populated
+    iteration_tokens bucket (its lower bound when that is +Inf), else the computed prefill tokens."""
+    hist = iv.steps
+    if hist is None:
+        return iv.computed_prefill_tokens
+    populated = [i for i, (c, prev) in enumerate(zip(hist.cumulative, (0.0, *hist.cumulative))) if c > prev]
+    if not populated:
+        return iv.computed_prefill_tokens
+    k = populated[-1]
+    return hist.bounds[k] if k < len(hist.bounds) - 1 else hist.bounds[max(0, k - 1)]
+
+
+def slow_decode(ctx: Context) -> list[Finding]:
+    """ITL over the budget once the head-of-line tail is set aside: the batch is larger than the
+    budget defends (when the median rises with the running count), else the model is slow per step."""
+    budget_ms = ctx.budgets.itl_ms
+    if not exposes(ctx, "inter_token_latency_seconds"):
+        return [absent("vllm:inter_token_latency_seconds", "decode_speed", "Decode latency cannot be measured.")]
+    prof = ctx.itl
+    overall = quantile_estimate(0.95, merge_histograms([iv.itl for iv in prof.intervals]))
+    if overall is None:
+        return []
+    if budget_ms is None:
+        return [Finding(id="itl_budget_unset", severity="info",
+                        title=f"ITL p95 is {fmt_latency(overall)}; no ITL budget given, so decode speed is not judged",
+                        evidence=quantile_evidence("itl_p95", overall),
+                        checks=("Pass --itl-budget-ms (CLI) or set the budget on the Diagnose page.",))]
+    rest = quantile_estimate(0.95, prof.outside_blocking())
+    if rest is None or not rest.over(budget_ms / 1000):
+        return []
+    defended = defended_batch(prof.intervals, budget_ms / 1000)
+    peak = max((iv.num_requests_running for iv in prof.intervals), default=0.0)
+    fewer = Suggestion(
+        "--max-num-seqs", "decrease", defended,
+        f"ITL p95 stayed within {budget_ms:g} ms up to {defended} running; it peaked at {peak:.0f}." if defended
+        else "Fewer sequences per step make each decode step shorter.")
+    quantize = Suggestion("--quantization", "set", None,
+                          "Smaller weights are read faster each step, if measured accuracy allows (a quantized "
+                          "checkpoint).")
+    batch_bound = prof.median_rises_with_batch or defended is not None
+    suggestions = [fewer, quantize] if batch_bound else [quantize, fewer]
+    if ctx.flags.cache_dtype in (None, "auto", "bfloat16", "float16", "half"):
+        suggestions.append(Suggestion("--kv-cache-dtype", "set", "fp8",
+                                      "Fewer KV bytes read per decode step, if accuracy allows."))
+    low, high = prof.p50_at_low_running_seconds, prof.p50_at_high_running_seconds
+    first_bound = prof.intervals[0].itl.bounds[0] if prof.intervals else 0.0
+    rise = (f"; median ITL {fmt_ms_or_bound(low, first_bound)} → {fmt_ms_or_bound(high, first_bound)} as the "
+            "batch grew" if low and high else "")
+    return [
+        Finding(
+            id="slow_decode",
+            severity="warning",
+            title=f"Decode slower than the budget: ITL p95 {fmt_latency(rest)} > {budget_ms:g} ms{rise}",
+            evidence={**quantile_evidence("itl_p95", rest), **quantile_evidence("itl_p95_with_head_of_line", overall),
+                      "itl_budget_ms": budget_ms, "peak_num_requests_running": peak,
+                      "defended_num_requests_running": defended,
+                      "itl_p50_at_low_running_seconds": low, "itl_p50_at_high_running_seconds": high,
+                      "median_rises_with_batch": prof.median_rises_with_batch},
+            suggestions=tuple(suggestions),
+            checks=(
+                "First --max-num-seqs against the batch size your ITL budget defends; only then weigh "
+                "quantization or fp8 KV, on measured numbers." if batch_bound else
+                "ITL is over budget even at the smallest batch seen: the model is slow per step on this "
+                "hardware, so fewer sequences alone will not meet the budget.",
+                "Rule out a CPU-bound host (GPU utilisation low while ITL is high).",
+            ),
+            time_range=whole(ctx),
+        )
+    ]
+
+
+def ttft(ctx: Context) -> list[Finding]:
+    """TTFT over budget, split into queue-dominated and prefill-dominated (different knobs)."""
+    t, flags, budget_ms = ctx.thresholds, ctx.flags, ctx.budgets.ttft_ms
+    if not exposes(ctx, "time_to_first_token_seconds"):
+        return [absent("vllm:time_to_first_token_seconds", "ttft", "TTFT cannot be measured.")]
+    est = quantile_estimate(0.95, histogram_delta(ctx.history, "time_to_first_token_seconds"))
+    if est is None or budget_ms is None or not est.over(budget_ms / 1000):
+        return []  # a p95 in the first bucket is only "< its bound": never over budget by interpolation
+    queue = mean_from(histogram_delta(ctx.history, "request_queue_time_seconds"))
+    prefill = mean_from(histogram_delta(ctx.history, "request_prefill_time_seconds"))
+    usage = max_gauge(ctx, "kv_cache_usage_perc")
+    evidence = {**quantile_evidence("ttft_p95", est), "ttft_budget_ms": budget_ms, "mean_queue_seconds": queue,
+                "mean_prefill_seconds": prefill, "max_kv_cache_usage_perc": usage}
+    if queue is not None and prefill is not None and queue >= prefill:
+        if usage < t.kv_low_perc:
+            cap = flags.max_num_seqs or max_gauge(ctx, "num_requests_running")
+            waiting = max_gauge(ctx, "num_requests_waiting")
+            suggestion = Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap else None,
+                                    "Requests wait for a slot while the KV cache has room.")
+        else:
+            suggestion = suggest_more_kv(flags, t, None)[0]
+        return [Finding(
+            id="ttft_queue_dominated", severity="warning",
+            title=f"TTFT p95 {fmt_latency(est)} > {budget_ms:g} ms, mostly queue time "
+            f"({queue * 1000:.0f} ms queued vs {prefill * 1000:.0f} ms prefill on average)",
+            evidence=evidence, suggestions=(suggestion,),
+            checks=("A capacity problem: see the queueing and KV-pressure findings for which resource is short.",),
+            time_range=whole(ctx),
+        )]
+    current = flags.max_num_batched_tokens
+    suggestions = [Suggestion("--max-num-batched-tokens", "increase", current * 2 if current else None,
+                              "More prefill tokens per step shorten long prompts' prefill (at some ITL cost).")]
+    if flags.enable_prefix_caching is False:
+        suggestions.append(Suggestion("--enable-prefix-caching", "set", None,
+                                      "Repeated prefixes are then served from cache instead of recomputed."))
+    return [Finding(
+        id="ttft_prefill_dominated", severity="warning",
+        title=f"TTFT p95 {fmt_latency(est)} > {budget_ms:g} ms, mostly prefill time",
+        evidence=evidence, suggestions=tuple(suggestions),
+        checks=("Check the prefix-cache hit rate: shared system prompts should hit.",
+                "A larger prefill budget can raise ITL for running sequences (head-of-line blocking)."),
+        time_range=whole(ctx),
+    )]
