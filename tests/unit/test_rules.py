@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ from diagnostics.core.diagnosis import (
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
+from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario
+from diagnostics.core.simulator.scheduler import SimEngine
+from diagnostics.sim.driver import Simulation
 from tests.unit.synth import down, scrape
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -357,6 +361,50 @@ def test_a_median_rising_with_the_batch_is_slow_decode_not_head_of_line(with_lon
 def test_slow_decode_lowers_max_num_seqs_to_the_batch_the_budget_defends(budget_ms: float, defended: int) -> None:
     f = next(f for f in diagnose(prepare(_ramp(False), budgets=Budgets(itl_ms=budget_ms))) if f.id == "slow_decode")
     assert f.suggestions[0].value == defended
+
+
+def test_a_median_rising_with_the_batch_leads_with_a_value_even_when_no_batch_met_the_budget() -> None:
+    """A 9 ms budget: the smallest batch's gaps are ≤ 10 ms (p95 9.5 ms), so none is defended, yet the
+    median rose 5 → 62.5 ms with 8 → 160 running: start from the 8 the fast median was measured at."""
+    f = next(f for f in diagnose(prepare(_ramp(False), budgets=Budgets(itl_ms=9))) if f.id == "slow_decode")
+    assert f.evidence["defended_num_requests_running"] is None
+    assert [(s.flag, s.direction, s.value) for s in f.suggestions[:2]] == [
+        ("--max-num-seqs", "decrease", 8), ("--quantization", "set", None)]
+
+
+def _simulated(scenario: Scenario, seconds: float = 60.0) -> list[Scrape]:
+    return [Scrape(ts, parse_snapshot(t)) for ts, t in Simulation(scenario.name).run_for(seconds)]
+
+
+def test_a_simulated_batch_grown_past_what_the_gpu_decodes_within_budget_leads_with_fewer_sequences(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The built-in slow-decode engine (an 8B model in bf16 on an L4, --max-num-seqs 512) under 16
+    requests a second of 250 tokens: past ~200 sequences a step is compute-bound (2 × 8.03e9 FLOPs a
+    token at half of 121 TFLOPs), so the L4 decodes at most ~3,770 tokens a second against 4,000
+    asked; the batch grows and every step slows. A 100 ms budget holds at the smaller batches."""
+    base = SCENARIOS["slow_decode"]
+    grown = replace(base, name="batch_grown", workload=replace(base.workload, rate_per_s=16.0), itl_budget_ms=100.0)
+    monkeypatch.setitem(SCENARIOS, grown.name, grown)
+    findings = diagnose(prepare(_simulated(grown), budgets=Budgets(itl_ms=grown.itl_budget_ms)))
+    top = next(f for f in findings if f.severity != "info")
+    assert top.id == "slow_decode"
+    first = top.suggestions[0]
+    assert (first.flag, first.direction) == ("--max-num-seqs", "decrease")
+    assert isinstance(first.value, int) and first.value < top.evidence["peak_num_requests_running"]
+    assert "--quantization" in [s.flag for s in top.suggestions[1:]]
+
+
+def test_the_built_in_slow_decode_scenario_cannot_meet_its_budget_at_any_batch_so_fewer_sequences_do_not_lead() -> None:
+    """Its one-sequence decode step (all 16 GB of weights read at 300 GB/s, plus launch overhead) is
+    already over the 50 ms budget: no --max-num-seqs meets it, smaller weights can."""
+    scenario = SCENARIOS["slow_decode"]
+    assert scenario.itl_budget_ms is not None
+    assert SimEngine(scenario.config).step_seconds(0, 1, 32) > scenario.itl_budget_ms / 1000
+    f = next(f for f in diagnose(prepare(_simulated(scenario), budgets=Budgets(itl_ms=scenario.itl_budget_ms)))
+             if f.id == "slow_decode")
+    assert f.suggestions[0].flag == "--quantization"
+    assert "--max-num-seqs" in [s.flag for s in f.suggestions[1:]]
 
 
 def test_slow_decode_is_judged_without_the_tail_head_of_line_explains() -> None:

@@ -52,6 +52,7 @@ class ItlProfile:
     median_rises_with_batch: bool
     p50_at_low_running_seconds: float | None
     p50_at_high_running_seconds: float | None
+    low_num_requests_running: float | None  # the running count the low median was measured at
 
     def tail_share(self, iv: IntervalItl) -> float:
         return count_above(iv.itl, self.spike_threshold_seconds) / iv.itl.count if iv.itl.count else 0.0
@@ -107,12 +108,13 @@ def itl_profile(
     # The batch effect is judged on the intervals long prefills do not explain: an interval filled
     # by one long step has a huge median of its own, whatever the batch.
     explained = {iv.end for iv in blocking}
-    low, high = _p50_by_running([iv for iv in intervals if iv.end not in explained])
+    low, high, low_running = _p50_by_running([iv for iv in intervals if iv.end not in explained])
     if len(blocking) < t.hol_min_spikes or len(blocking) < t.hol_coincide_fraction * len(spikes):
         blocking = []
     rises = low is not None and high is not None and high >= t.batch_p50_rise_factor * low
     long_prompts = count_above(prompt_len, t.hol_long_prompt_tokens) if prompt_len is not None else None
-    return ItlProfile(intervals, baseline, threshold, tuple(spikes), tuple(blocking), long_prompts, rises, low, high)
+    return ItlProfile(intervals, baseline, threshold, tuple(spikes), tuple(blocking), long_prompts, rises, low, high,
+                      low_running)
 
 
 def large_step(steps: Histogram | None, computed_prefill_tokens: float, t: Thresholds) -> bool:
@@ -123,18 +125,20 @@ def large_step(steps: Histogram | None, computed_prefill_tokens: float, t: Thres
     return computed_prefill_tokens >= t.hol_big_step_tokens
 
 
-def _p50_by_running(intervals: Sequence[IntervalItl]) -> tuple[float | None, float | None]:
+def _p50_by_running(intervals: Sequence[IntervalItl]) -> tuple[float | None, float | None, float | None]:
     """Median ITL p50 of the intervals in the lowest and the highest third of the running count,
-    when the running count spans at least a factor of two (else the batch did not change)."""
+    and the lowest third's median running count, when the running count spans at least a factor of
+    two (else the batch did not change)."""
     rows = sorted((iv.num_requests_running, iv.p50_seconds) for iv in intervals
                   if iv.p50_seconds is not None and iv.num_requests_running > 0)
     if len(rows) < 6:
-        return None, None
+        return None, None, None
     third = len(rows) // 3
     low, high = rows[:third], rows[-third:]
-    if statistics.median(r for r, _ in high) < 2 * statistics.median(r for r, _ in low):
-        return None, None
-    return statistics.median(p for _, p in low), statistics.median(p for _, p in high)
+    low_running = statistics.median(r for r, _ in low)
+    if statistics.median(r for r, _ in high) < 2 * low_running:
+        return None, None, None
+    return statistics.median(p for _, p in low), statistics.median(p for _, p in high), low_running
 
 
 def defended_batch(intervals: Sequence[IntervalItl], budget_seconds: float) -> int | None:

@@ -132,20 +132,17 @@ def slow_decode(ctx: Context) -> list[Finding]:
         return []
     defended = defended_batch(prof.intervals, budget_ms / 1000)
     peak = max((iv.num_requests_running for iv in prof.intervals), default=0.0)
-    fewer = Suggestion(
-        "--max-num-seqs", "decrease", defended,
-        f"ITL p95 stayed within {budget_ms:g} ms up to {defended} running; it peaked at {peak:.0f}." if defended
-        else "Fewer sequences per step make each decode step shorter.")
+    low, high = prof.p50_at_low_running_seconds, prof.p50_at_high_running_seconds
+    first_bound = prof.intervals[0].itl.bounds[0] if prof.intervals else 0.0
     quantize = Suggestion("--quantization", "set", None,
                           "Smaller weights are read faster each step, if measured accuracy allows (a quantized "
                           "checkpoint).")
     batch_bound = prof.median_rises_with_batch or defended is not None
+    fewer = _fewer_sequences(ctx, budget_ms, defended, peak, first_bound)
     suggestions = [fewer, quantize] if batch_bound else [quantize, fewer]
     if ctx.flags.cache_dtype in (None, "auto", "bfloat16", "float16", "half"):
         suggestions.append(Suggestion("--kv-cache-dtype", "set", "fp8",
                                       "Fewer KV bytes read per decode step, if accuracy allows."))
-    low, high = prof.p50_at_low_running_seconds, prof.p50_at_high_running_seconds
-    first_bound = prof.intervals[0].itl.bounds[0] if prof.intervals else 0.0
     rise = (f"; median ITL {fmt_ms_or_bound(low, first_bound)} → {fmt_ms_or_bound(high, first_bound)} as the "
             "batch grew" if low and high else "")
     return [
@@ -169,6 +166,26 @@ def slow_decode(ctx: Context) -> list[Finding]:
             time_range=whole(ctx),
         )
     ]
+
+
+def _fewer_sequences(ctx: Context, budget_ms: float, defended: int | None, peak: float,
+                     first_bound: float) -> Suggestion:
+    """--max-num-seqs down to the batch the evidence says is fast enough: the largest running count
+    whose ITL p95 (with every smaller one) stayed within the budget; when none did but the median
+    rose with the batch, the running count the lowest median was measured at (the smallest batch
+    seen to run faster: a measured step, not an extrapolation below the window); else no value."""
+    prof = ctx.itl
+    if defended is not None:
+        return Suggestion("--max-num-seqs", "decrease", defended,
+                          f"ITL p95 stayed within {budget_ms:g} ms up to {defended} running; it peaked at {peak:.0f}.")
+    low, high, at = prof.p50_at_low_running_seconds, prof.p50_at_high_running_seconds, prof.low_num_requests_running
+    if prof.median_rises_with_batch and low is not None and high is not None and at is not None:
+        return Suggestion(
+            "--max-num-seqs", "decrease", max(1, int(at)),
+            f"Median ITL was {fmt_ms_or_bound(low, first_bound)} at about {at:.0f} running against "
+            f"{fmt_ms_or_bound(high, first_bound)} at the largest batches (up to {peak:.0f}); even the smallest "
+            f"batches seen were over {budget_ms:g} ms at p95, so measure again at {int(at)} before going lower.")
+    return Suggestion("--max-num-seqs", "decrease", None, "Fewer sequences per step make each decode step shorter.")
 
 
 def ttft(ctx: Context) -> list[Finding]:
