@@ -5,7 +5,7 @@ import time
 
 import streamlit as st
 
-from diagnostics.core import figures
+from diagnostics.core.figures.fleet import fleet_figure
 from diagnostics.core.fleet import promql
 from diagnostics.core.text import fmt_when, md_escape
 from diagnostics.errors import TargetError
@@ -91,7 +91,7 @@ def fleet() -> None:
         charts = fleet_view.charts(url, selector, range_s, step_s, fleet_view.tick(every))
     cols = st.columns(2)
     for i, (key, (title, unit, _q)) in enumerate(promql.CHART_CONCEPTS.items()):
-        fig = figures.fleet_figure(title, unit, charts.get(key, {}), highlight)
+        fig = fleet_figure(title, unit, charts.get(key, {}), highlight)
         with cols[i % 2]:
             if fig is None:
                 st.caption(f"{title}: no data in this range.")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from datetime import datetime
 
 from diagnostics.core.hardware import DevicePeak
 from diagnostics.core.metrics.derive import SOURCE_NAMES, PromptSources, Quantile, Roofline
 
+GIB = 2**30
 # Everything Streamlit's Markdown (GFM + its directives: :emoji:, :red[...], $latex$) could act on.
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~:$&])")
 
@@ -27,7 +29,7 @@ def md_escape(text: object) -> str:
 def fmt_bytes(value: float | None) -> str:
     if value is None:
         return "—"
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(value) >= size:
             return f"{value / size:.1f} {unit}"
     return f"{value:.0f} B"
@@ -146,11 +148,18 @@ def prompt_sources_text(sources: PromptSources | None) -> str | None:
     return text
 
 
-def _si(value: float, unit: str) -> str:
+def si_scale(values: Sequence[float], unit: str) -> tuple[float, str]:
+    """The SI prefix that puts the largest value between 1 and 1000 ("GFLOP/s" for 2e9 FLOP/s)."""
+    top = max(values, default=0.0)
     for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:,.3g} {prefix}{unit}"
-    return f"{value:,.3g} {unit}"
+        if top >= scale:
+            return scale, prefix + unit
+    return 1.0, unit
+
+
+def _si(value: float, unit: str) -> str:
+    scale, scaled = si_scale((value,), unit)
+    return f"{value / scale:,.3g} {scaled}"
 
 
 def roofline_text(roof: Roofline | None, peak: DevicePeak | None) -> str | None:

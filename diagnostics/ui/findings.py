@@ -9,9 +9,11 @@ from functools import partial
 import pandas as pd
 import streamlit as st
 
-from diagnostics.core import figures, whatif
+from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Finding, KnownFlags, Suggestion, command_diff
 from diagnostics.core.diagnosis.knobs import KNOB_TABLE, KNOBS_BY_ID
+from diagnostics.core.figures.diagnose import finding_figure
+from diagnostics.core.figures.prediction import prediction_figure
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.text import evidence_rows, md_escape
 from diagnostics.ui.widgets import chart
@@ -59,7 +61,7 @@ def with_predictions(findings: Sequence[Finding], history: Sequence[Scrape], fla
 def prediction(suggestion: Suggestion, replay_error: dict[str, float | None] | None, key: str) -> None:
     """The predicted effect of one suggestion, or why there is none."""
     if suggestion.prediction is not None:
-        chart(partial(figures.prediction_figure, suggestion.prediction), key, "No metric to compare.")
+        chart(partial(prediction_figure, suggestion.prediction), key, "No metric to compare.")
         note = f"**Predicted:** {md_escape(suggestion.prediction_note or '')}"
         if replay_error:
             parts = [f"{whatif.LABELS[m]} {e * 100:.0f} %" for m in ("itl_p95_seconds", "ttft_p95_seconds",
@@ -85,7 +87,7 @@ def finding_card(finding: Finding, history: Sequence[Scrape], flags: KnownFlags,
         with left:
             if finding.chart:
                 chart(
-                    partial(figures.finding_figure, history, finding.chart, finding.time_range),
+                    partial(finding_figure, history, finding.chart, finding.time_range),
                     f"{key}-chart",
                     "No data to draw for this finding.",
                 )

@@ -12,7 +12,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from diagnostics.core import figures
+from diagnostics.core.figures.live import kv_usage_figure, queue_figure, throughput_figure
+from diagnostics.core.figures.probe import distribution_figure, mark_span
 from diagnostics.core.metrics.derive import Quantile, Scrape
 from diagnostics.core.metrics.history import HistorySource
 from diagnostics.core.probe import SETTLE_SECONDS, ProbeSpec, ProbeSummary, with_server
@@ -108,7 +109,7 @@ def distributions(summary: ProbeSummary) -> None:
         ("itl", "Inter-token gaps", summary.itl_samples()),
         ("e2e", "End-to-end latency", summary.e2e_samples()),
     ), strict=True):
-        fig = figures.distribution_figure(f"{title} (clients)", {title: samples})
+        fig = distribution_figure(f"{title} (clients)", {title: samples})
         with col:
             if fig is None:
                 st.caption(f"{title}: no samples.")
@@ -123,9 +124,9 @@ def charts_over(source: HistorySource, start: float, end: float | None, key: str
     stop = (end or time.time()) + 15
     window = [s for s in history if start - 30 <= s.ts <= stop]
     builders = (
-        ("kv", lambda: figures.kv_usage_figure(window, _config(window))),
-        ("queue", lambda: figures.queue_figure(window, None)),
-        ("throughput", lambda: figures.throughput_figure(window)),
+        ("kv", lambda: kv_usage_figure(window, _config(window))),
+        ("queue", lambda: queue_figure(window, None)),
+        ("throughput", lambda: throughput_figure(window)),
     )
     cols = st.columns(3)
     for col, (name, build) in zip(cols, builders, strict=True):
@@ -134,7 +135,7 @@ def charts_over(source: HistorySource, start: float, end: float | None, key: str
             if fig is None:
                 st.caption("no data yet")
                 continue
-            figures.mark_span(fig, start, end or time.time(), "probe")
+            mark_span(fig, start, end or time.time(), "probe")
             st.plotly_chart(fig, use_container_width=True, key=f"probe-{key}-{name}")
 
 

@@ -15,7 +15,19 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
-from diagnostics.core import figures
+from diagnostics.core.figures.engines import ENGINE_PANELS, engine_names, engines_figure
+from diagnostics.core.figures.live import (
+    LATENCY_NAMES,
+    gpu_memory_figure,
+    kv_usage_figure,
+    latency_figure,
+    outcomes_figure,
+    prefix_hit_figure,
+    queue_figure,
+    roofline_figure,
+    spec_decode_figure,
+    throughput_figure,
+)
 from diagnostics.core.hardware import peak_for
 from diagnostics.core.metrics.catalog import CacheConfig
 from diagnostics.core.metrics.derive import (
@@ -344,13 +356,13 @@ def panels(
         return
     left, right = st.columns(2)
     with left:
-        chart(lambda: figures.kv_usage_figure(shown, config), f"{key}-kv", "This server exposes no KV-cache usage.")
+        chart(lambda: kv_usage_figure(shown, config), f"{key}-kv", "This server exposes no KV-cache usage.")
     with right:
-        chart(lambda: figures.queue_figure(shown, max_num_seqs), f"{key}-queue", "No running/waiting gauges exposed.")
+        chart(lambda: queue_figure(shown, max_num_seqs), f"{key}-queue", "No running/waiting gauges exposed.")
     left, right = st.columns(2)
     with left:
         chart(
-            lambda: figures.prefix_hit_figure(shown, quantile_window_seconds),
+            lambda: prefix_hit_figure(shown, quantile_window_seconds),
             f"{key}-prefix",
             "This server exposes no prefix-cache counters (V0, or prefix caching metrics absent).",
         )
@@ -360,30 +372,30 @@ def panels(
                       f"{md_escape(sources)}." if sources else ""))
     with right:
         chart(
-            lambda: figures.throughput_figure(shown), f"{key}-throughput", "No token counters yet (needs two scrapes)."
+            lambda: throughput_figure(shown), f"{key}-throughput", "No token counters yet (needs two scrapes)."
         )
     if last is not None and last.snapshot is not None and last.snapshot.has("spec_decode_num_drafts"):
-        chart(partial(figures.spec_decode_figure, shown, quantile_window_seconds), f"{key}-spec",
+        chart(partial(spec_decode_figure, shown, quantile_window_seconds), f"{key}-spec",
               "No draft token in this window.")
     roofline_panel(shown, quantile_window_seconds, gpus, key)
     engines_panel(shown, key)
     st.subheader("Latency")
     cols = st.columns(2)
-    for i, concept in enumerate(figures.LATENCY_NAMES):
+    for i, concept in enumerate(LATENCY_NAMES):
         with cols[i % 2]:
             chart(
-                partial(figures.latency_figure, shown, concept, quantile_window_seconds),
+                partial(latency_figure, shown, concept, quantile_window_seconds),
                 f"{key}-{concept}",
-                f"No {figures.LATENCY_NAMES[concept]} observed in this window (no request reached that point).",
+                f"No {LATENCY_NAMES[concept]} observed in this window (no request reached that point).",
             )
     left, right = st.columns(2)
     with left:
-        chart(lambda: figures.outcomes_figure(shown), f"{key}-outcomes", "No request finished in this window.")
+        chart(lambda: outcomes_figure(shown), f"{key}-outcomes", "No request finished in this window.")
     with right:
         if gpus is not None and gpus.devices:
             devices = gpus.devices
             chart(
-                lambda: figures.gpu_memory_figure(devices, config, last.snapshot if last else None),
+                lambda: gpu_memory_figure(devices, config, last.snapshot if last else None),
                 f"{key}-gpu",
                 "No GPU reading.",
             )
@@ -408,7 +420,7 @@ def roofline_panel(shown: Sequence[Scrape], window_seconds: float, gpus: GpuRead
                    "`--enable-mfu-metrics` (its estimated_*_per_gpu counters stay 0 without it).")
         return
     peak = peak_for(gpus.devices[0].name) if gpus is not None and gpus.devices else None
-    chart(partial(figures.roofline_figure, shown, peak), f"{key}-roofline", "No work estimate in this window.")
+    chart(partial(roofline_figure, shown, peak), f"{key}-roofline", "No work estimate in this window.")
     text = roofline_text(roof, peak)
     if text:
         st.caption(md_escape(text))
@@ -416,7 +428,7 @@ def roofline_panel(shown: Sequence[Scrape], window_seconds: float, gpus: GpuRead
 
 def engines_panel(shown: Sequence[Scrape], key: str) -> None:
     """Engines side by side, when the server runs more than one (``--data-parallel-size``)."""
-    if len(figures.engine_names(shown)) < 2:
+    if len(engine_names(shown)) < 2:
         return
     st.subheader("Engines side by side")
     st.caption("One line per data-parallel engine. Judge an engine by its tokens: a rank whose tokens stop while "
@@ -424,9 +436,9 @@ def engines_panel(shown: Sequence[Scrape], key: str) -> None:
                "Its gauges are what it last reported: they freeze when it stops. One rank queueing while another has "
                "room means requests are routed around vLLM's balancer (a sticky router); Diagnose names that too.")
     cols = st.columns(2)
-    for i, (concept, title, unit, kind) in enumerate(figures.ENGINE_PANELS):
+    for i, (concept, title, unit, kind) in enumerate(ENGINE_PANELS):
         with cols[i % 2]:
-            chart(partial(figures.engines_figure, shown, concept, title, unit, kind), f"{key}-engines-{concept}",
+            chart(partial(engines_figure, shown, concept, title, unit, kind), f"{key}-engines-{concept}",
                   f"No {title.lower()} in this window.")
 
 

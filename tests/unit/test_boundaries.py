@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,22 @@ def test_ruff_bans_io_imports_in_the_core() -> None:
         text=True,
     )
     assert bad.returncode == 1 and "TID251" in bad.stdout
+
+
+def _loaded_after(module: str) -> list[str]:
+    """The simulator and what-if modules that importing ``module`` loads, in a fresh interpreter."""
+    code = (f"import json, sys, {module}\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('diagnostics.core.simulator', "
+            "'diagnostics.core.whatif')))))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return list(json.loads(result.stdout))
+
+
+def test_drawing_a_live_chart_loads_neither_the_simulator_nor_the_what_if() -> None:
+    for module in ("diagnostics.core.figures.live", "diagnostics.core.figures.engines",
+                   "diagnostics.core.figures.diagnose", "diagnostics.core.figures.fleet",
+                   "diagnostics.core.figures.probe"):
+        assert _loaded_after(module) == [], module
+    # The what-if's own chart does load them: the check above sees such an import.
+    assert "diagnostics.core.simulator.scheduler" in _loaded_after("diagnostics.core.figures.prediction")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.core.capacity.arithmetic import GIB, MODEL_PRESETS, ModelShape, capacity, kv_bytes_per_token
+from diagnostics.core.capacity.arithmetic import MODEL_PRESETS, ModelShape, capacity, kv_bytes_per_token
+from diagnostics.core.text import GIB
 
 LLAMA_8B = MODEL_PRESETS["Llama-3.1-8B"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from diagnostics.core.diagnosis import diagnose, prepare
 from diagnostics.core.diagnosis.data_parallel import load_skews, per_engine, silent_ranks, slow_ranks
-from diagnostics.core.figures import ENGINE_PANELS, engines_figure
+from diagnostics.core.figures.engines import ENGINE_PANELS, engines_figure
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape, derive_state
 from diagnostics.recording import read_recording

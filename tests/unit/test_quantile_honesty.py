@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from diagnostics.core.figures import latency_figure
+from diagnostics.core.figures.live import latency_figure
 from diagnostics.core.metrics.derive import derive_state
 from diagnostics.core.text import fmt_latency
 from diagnostics.recording import read_recording

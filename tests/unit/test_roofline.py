@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from diagnostics.core.figures import roofline_figure
+from diagnostics.core.figures.live import roofline_figure
 from diagnostics.core.hardware import peak_for
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape, roofline

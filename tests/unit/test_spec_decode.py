@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from diagnostics.core.diagnosis import diagnose, prepare
-from diagnostics.core.figures import spec_decode_figure
+from diagnostics.core.figures.live import spec_decode_figure
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape, spec_decode
 from diagnostics.core.simulator.scenarios import SCENARIOS

@@ -430,7 +430,7 @@ def predicted(before: dict[str, float | None], after: dict[str, float | None]) -
 
 
 def test_the_prediction_chart_colours_gains_green_and_costs_red() -> None:
-    from diagnostics.core.figures import prediction_figure
+    from diagnostics.core.figures.prediction import prediction_figure
 
     fig = prediction_figure(predicted({"itl_p95_seconds": 0.1, "output_tokens_per_second": 100.0,
                                        "preemptions_per_minute": 0.0},

@@ -18,7 +18,6 @@ from diagnostics.core.hardware import GPUS
 DTYPE_BYTES = {"auto": 2.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0, "float32": 4.0, "fp8": 1.0,
                "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "int8": 1.0, "int4": 0.5, "awq": 0.5, "gptq": 0.5}
 GB = 1e9
-GIB = 2**30
 
 
 @dataclass(frozen=True, slots=True)
