@@ -21,9 +21,10 @@ from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.info import ServerInfo, TargetState, TargetStatus
+from diagnostics.core.targets import normalize_url
 from diagnostics.errors import BadPayload, NotVllm, TargetError, TargetHTTPError
 from diagnostics.recording import Record
-from diagnostics.sources.vllm_http import VllmClient, normalize_url
+from diagnostics.sources.vllm_http import VllmClient
 
 MIN_INTERVAL_SECONDS = 0.25
 DEFAULT_INTERVAL_SECONDS = 1.0

@@ -7,9 +7,9 @@ import streamlit as st
 
 from diagnostics.core.figures.fleet import fleet_figure
 from diagnostics.core.fleet import promql
+from diagnostics.core.targets import normalize_url
 from diagnostics.core.text import fmt_when, md_escape
 from diagnostics.errors import TargetError
-from diagnostics.sources.prometheus import normalize_prometheus_url
 from diagnostics.ui import fleet_view, resources, state, widgets
 
 widgets.page("Fleet", target_note=False)  # the fleet is not the sidebar's target
@@ -47,7 +47,7 @@ if not str(url_text or "").strip():
             '      - targets: ["vllm-0:8000", "vllm-1:8000"]', language="yaml")
     st.stop()
 try:
-    url = normalize_prometheus_url(str(url_text))
+    url = normalize_url(str(url_text), "Prometheus URL")
     selector = promql.parse_selector(str(selector_text or ""))
 except ValueError as exc:
     st.error(md_escape(exc))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 DEFAULT_API_KEY_ENV = "VLLM_API_KEY"
 
@@ -62,14 +63,35 @@ class TargetsConfig:
         return next((t.api_key for t in self.targets if same_url(t.url, url)), None)
 
 
+def normalize_url(url: str, what: str = "URL") -> str:
+    """``host:port`` or ``http://host:port/`` → ``http://host:port`` (the collector's key): http when
+    no scheme is given, no trailing slash. ``ValueError``, naming ``what``, for an empty URL, one that
+    is not http(s), has no host or a bad port, or carries credentials (they would end up in
+    recordings, logs and page links; an API key has its own path)."""
+    text = url.strip()
+    if not text:
+        raise ValueError(f"empty {what}")
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parts = urlsplit(text)
+        host, _ = parts.hostname, parts.port  # .port raises on a port that is not a number in range
+    except ValueError:
+        raise ValueError(f"not a valid {what}: {url!r}") from None
+    if parts.scheme.lower() not in ("http", "https") or not host or any(c.isspace() for c in host):
+        raise ValueError(f"not an http(s) {what}: {url!r}")
+    if "@" in parts.netloc:
+        raise ValueError(f"credentials in the {what} are not accepted: pass the API key separately")
+    return text.rstrip("/")
+
+
 def same_url(a: str, b: str) -> bool:
-    """The same server, spelled with or without scheme, case or trailing slash."""
-
-    def norm(url: str) -> str:
-        text = url.strip().rstrip("/").lower()
-        return text if "://" in text else "http://" + text
-
-    return norm(a) == norm(b)
+    """The same server, spelled with or without scheme, case or trailing slash (never a URL that
+    :func:`normalize_url` refuses)."""
+    try:
+        return normalize_url(a).lower() == normalize_url(b).lower()
+    except ValueError:
+        return False
 
 
 _TRUE = {"true", "yes", "on", "1"}

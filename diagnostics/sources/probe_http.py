@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from diagnostics.core.probe import MAX_SECONDS, ProbeSpec, ProbeSummary, RequestResult, prompt_at
-from diagnostics.sources.vllm_http import normalize_url
+from diagnostics.core.targets import normalize_url
 
 STOP_AFTER_REFUSED = 5
 

@@ -22,6 +22,7 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from diagnostics.core.fleet.promql import parse_duration
+from diagnostics.core.targets import normalize_url
 from diagnostics.errors import BadPayload, TargetHTTPError, TargetTimeout, TargetUnreachable
 
 DEFAULT_TIMEOUT_SECONDS = 15.0
@@ -29,17 +30,6 @@ DEFAULT_SCRAPE_INTERVAL_SECONDS = 15.0
 INTERVAL_CACHE_SECONDS = 300.0  # the scrape interval is configuration: read it once in a while
 
 T = TypeVar("T")
-
-
-def normalize_prometheus_url(url: str) -> str:
-    text = url.strip().rstrip("/")
-    if not text:
-        raise ValueError("empty Prometheus URL")
-    if "://" not in text:
-        text = "http://" + text
-    if not text.startswith(("http://", "https://")):
-        raise ValueError(f"{url!r}: only http:// and https:// Prometheus URLs are supported")
-    return text
 
 
 class PrometheusClient:
@@ -52,7 +42,7 @@ class PrometheusClient:
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         headers: dict[str, str] | None = None,
     ) -> None:
-        self.url = normalize_prometheus_url(url)
+        self.url = normalize_url(url, "Prometheus URL")
         self.timeout_seconds = timeout_seconds
         self._conn = PrometheusConnect(
             url=self.url, headers=headers, retry=Retry(total=0), timeout=timeout_seconds

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from diagnostics.core.metrics.info import ServerInfo
+from diagnostics.core.targets import normalize_url
 from diagnostics.errors import (
     BadMetricsPayload,
     BadPayload,
@@ -31,25 +32,6 @@ from diagnostics.errors import (
 DEFAULT_TIMEOUT_SECONDS = 2.0
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 DEFAULT_API_KEY_ENV = "VLLM_API_KEY"
-
-
-def normalize_url(url: str) -> str:
-    """``host:port`` or ``http://host:port/`` → ``http://host:port`` (the collector's key)."""
-    text = url.strip()
-    if not text:
-        raise ValueError("empty URL")
-    if "://" not in text:
-        text = "http://" + text
-    try:
-        parsed = httpx.URL(text)
-    except httpx.InvalidURL:
-        raise ValueError(f"not a valid URL: {url!r}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    if parsed.userinfo:
-        # Credentials in a URL end up in recordings, logs and pages; the API key has its own path.
-        raise ValueError("credentials in the URL are not accepted: pass the API key separately")
-    return text.rstrip("/")
 
 
 def api_key_from_env(var: str | None = DEFAULT_API_KEY_ENV) -> str | None:
@@ -198,5 +180,4 @@ __all__ = [
     "TargetError",
     "VllmClient",
     "api_key_from_env",
-    "normalize_url",
 ]

@@ -13,9 +13,8 @@ import streamlit as st
 from diagnostics.core.diagnosis import Budgets
 from diagnostics.core.fleet.promql import FLEET_COLUMNS, Scope, parse_selector
 from diagnostics.core.fleet.table import FleetRow, Outlier
-from diagnostics.core.targets import PrometheusInstance, TargetsConfig, same_url
+from diagnostics.core.targets import PrometheusInstance, TargetsConfig, normalize_url, same_url
 from diagnostics.prometheus_fleet import FleetReport, fleet_report
-from diagnostics.sources.prometheus import normalize_prometheus_url
 from diagnostics.ui import resources, state
 
 _SCALE = {"%": (100.0, "%"), "s": (1000.0, "ms"), "/s": (1.0, "/s"), "": (1.0, "")}
@@ -106,7 +105,7 @@ def adopt_link(config: TargetsConfig) -> str | None:
         return None
     url, instance = params.get("prometheus", ""), params.get("instance", "")
     try:
-        url = normalize_prometheus_url(url)
+        url = normalize_url(url, "Prometheus URL")
         selector = parse_selector(params.get("selector", ""))
     except ValueError as exc:
         return str(exc)

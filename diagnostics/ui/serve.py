@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.collector import Collector, shared_collector
-from diagnostics.core.targets import targets_from
+from diagnostics.core.targets import normalize_url, targets_from
 from diagnostics.sources import nvml
-from diagnostics.sources.vllm_http import normalize_url
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -43,7 +43,7 @@ from diagnostics.core.metrics.derive import (
 from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.info import ServerInfo, TargetStatus
 from diagnostics.core.simulator.scenarios import SCENARIOS
-from diagnostics.core.targets import PrometheusInstance, TargetsConfig
+from diagnostics.core.targets import PrometheusInstance, TargetsConfig, normalize_url
 from diagnostics.core.text import (
     SLEEP_LEVELS,
     fmt_bytes,
@@ -54,7 +54,6 @@ from diagnostics.core.text import (
     prompt_sources_text,
     roofline_text,
 )
-from diagnostics.sources.vllm_http import normalize_url
 from diagnostics.ui import fleet_view, resources, state
 
 

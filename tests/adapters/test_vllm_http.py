@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from diagnostics.errors import BadPayload, NotVllm, TargetHTTPError, TargetTimeout, TargetUnreachable
-from diagnostics.sources.vllm_http import VllmClient, normalize_url
+from diagnostics.sources.vllm_http import VllmClient
 from tests.conftest import fixture_text
 
 SECRET = "sk-very-secret-123"
@@ -114,17 +114,3 @@ def test_a_realistic_large_payload_is_accepted(burst_text: str) -> None:
 def test_json_endpoint_answering_garbage_is_bad_payload() -> None:
     with pytest.raises(BadPayload, match="JSON"):
         client_for(lambda r: httpx.Response(200, text="not json")).info()
-
-
-@pytest.mark.parametrize(
-    ("given", "expected"),
-    [("127.0.0.1:8000", "http://127.0.0.1:8000"), ("http://h:1/", "http://h:1"), ("https://h", "https://h")],
-)
-def test_normalize_url(given: str, expected: str) -> None:
-    assert normalize_url(given) == expected
-
-
-@pytest.mark.parametrize("bad", ["", "ftp://h", "http://user:pw@h:1"])
-def test_bad_urls_are_refused_with_a_message(bad: str) -> None:
-    with pytest.raises(ValueError):
-        normalize_url(bad)

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 
 from diagnostics.core.diagnosis.types import Thresholds
+from diagnostics.core.fleet.promql import duration
 
 KV_USAGE = "(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)"
 SAME_SERVER = "on (job, instance, model_name, engine)"
@@ -158,10 +159,6 @@ def alert_rules(t: Thresholds, *, job: str = "vllm", itl_budget_ms: float | None
     return rules
 
 
-def _duration(seconds: float) -> str:
-    return f"{int(seconds)}s" if seconds == int(seconds) else f"{int(seconds * 1000)}ms"
-
-
 def alert_rules_yaml(t: Thresholds, **kw: object) -> str:
     """The rule file (YAML; strings JSON-quoted, which YAML reads as-is)."""
     lines = ["groups:", "  - name: vllm-triage", "    rules:"]
@@ -169,7 +166,7 @@ def alert_rules_yaml(t: Thresholds, **kw: object) -> str:
         lines += [
             f"      - alert: {rule.name}",
             f"        expr: {json.dumps(rule.expr)}",
-            *([f"        for: {_duration(rule.for_seconds)}"] if rule.for_seconds else []),
+            *([f"        for: {duration(rule.for_seconds)}"] if rule.for_seconds else []),
             "        labels:",
             f"          severity: {rule.severity}",
             "        annotations:",
