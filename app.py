@@ -6,9 +6,9 @@ Run with ``streamlit run app.py``; the other views are in pages/ and share the s
 import streamlit as st
 
 from diagnostics.core.metrics.derive import derive_state
-from diagnostics.ui import resources, state, widgets
+from diagnostics.ui import cards, resources, shell, state
 
-target = widgets.page("vLLM triage")
+target = shell.page("vLLM triage")
 if target is None:
     st.info("Enter the URL of a running `vllm serve` in the sidebar (for example http://127.0.0.1:8000).")
     st.stop()
@@ -18,13 +18,13 @@ if target is None:
 def overview() -> None:
     collector = resources.source(target)
     status, history = collector.status(), collector.history()
-    widgets.status_banner(status)
+    cards.status_banner(status)
     derived = derive_state(history, state.quantile_window_seconds())
     st.subheader("Server")
-    widgets.config_card(status.info, derived.cache_config)
+    cards.config_card(status.info, derived.cache_config)
     st.subheader("Now")
-    widgets.headline(derived, status, history)
-    widgets.age_caption(history)
+    cards.headline(derived, status, history)
+    cards.age_caption(history)
 
 
 overview()

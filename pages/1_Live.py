@@ -6,9 +6,9 @@ import streamlit as st
 
 from diagnostics.core.metrics.derive import derive_state
 from diagnostics.recording import encode_recording
-from diagnostics.ui import resources, state, widgets
+from diagnostics.ui import cards, charts, resources, shell, state
 
-target = widgets.page("Live")
+target = shell.page("Live")
 if target is None:
     st.info("Pick a target in the sidebar first.")
     st.stop()
@@ -18,9 +18,9 @@ if target is None:
 def live() -> None:
     collector = resources.source(target)
     status, history, gpus = collector.status(), collector.history(), collector.gpu_history()
-    widgets.status_banner(status)
-    widgets.headline(derive_state(history, state.quantile_window_seconds()), status, history)
-    widgets.panels(
+    cards.status_banner(status)
+    cards.headline(derive_state(history, state.quantile_window_seconds()), status, history)
+    charts.panels(
         history,
         window_seconds=state.prom_range_seconds() if target.prometheus else state.window_seconds(),
         quantile_window_seconds=state.quantile_window_seconds(),
@@ -29,7 +29,7 @@ def live() -> None:
         nvml_note=resources.nvml_note(),
         key="live",
     )
-    widgets.age_caption(history)
+    cards.age_caption(history)
 
 
 live()

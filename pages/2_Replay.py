@@ -6,13 +6,11 @@ from datetime import datetime, timedelta
 import streamlit as st
 
 from diagnostics.core.metrics.derive import derive_state
-from diagnostics.core.metrics.gpu import GpuReading
-from diagnostics.core.metrics.info import TargetStatus
 from diagnostics.core.text import md_escape
 from diagnostics.errors import BadRecording
-from diagnostics.ui import resources, state, widgets
+from diagnostics.ui import cards, charts, resources, shell, state
 
-widgets.page("Replay a recording")
+shell.page("Replay a recording")
 upload = st.file_uploader(
     "Recording (.jsonl or .jsonl.gz, from `python -m diagnostics record` or Save snapshot)",
     type=["jsonl", "gz", "json"],
@@ -22,13 +20,14 @@ if upload is None:
     st.info("Upload a recording to see its time range with the live page's panels.")
     st.stop()
 try:
-    recording, scrapes = resources.parsed_recording(upload.getvalue())
+    recording, replay = resources.parsed_recording(upload.getvalue())
 except BadRecording as exc:
     st.error(f"This file is not a usable recording: {md_escape(exc)}")
     st.stop()
 for problem in recording.problems[:5]:
     st.warning(f"Skipped {md_escape(problem)}")
 
+scrapes = replay.history()
 first, last = math.floor(scrapes[0].ts), math.ceil(scrapes[-1].ts)  # whole seconds: the slider steps by 1 s
 start, end = first, last
 if last - first >= 2:
@@ -42,35 +41,23 @@ if last - first >= 2:
         key="replay_range",
     )
     start, end = start_dt.timestamp(), end_dt.timestamp()
-shown = [s for s in scrapes if start - 0.5 <= s.ts <= end + 0.5]
-ok = [s for s in shown if s.snapshot is not None]
-failed = [s for s in shown if s.snapshot is None]
-widgets.status_banner(
-    TargetStatus(
-        target=recording.target or "?",
-        state="up" if shown and shown[-1].snapshot else "down",
-        since=None,
-        error=shown[-1].error if shown else None,
-        last_ok_ts=ok[-1].ts if ok else None,
-        last_attempt_ts=end,
-        info=recording.info(),
-        num_scrapes=len(shown),
-        num_failures=len(failed),
-    )
-)
+shown = replay.between(start - 0.5, end + 0.5)
+status = shown.status()
+cards.status_banner(status)
 st.caption(
-    f"{len(shown)} scrapes from {datetime.fromtimestamp(start):%Y-%m-%d %H:%M:%S} to "
-    f"{datetime.fromtimestamp(end):%H:%M:%S} · {len(failed)} failed"
+    f"{status.num_scrapes} scrapes from {datetime.fromtimestamp(start):%Y-%m-%d %H:%M:%S} to "
+    f"{datetime.fromtimestamp(end):%H:%M:%S} · {status.num_failures} failed"
 )
-derived = derive_state(shown, state.quantile_window_seconds())
-widgets.config_card(recording.info(), derived.cache_config)
-widgets.headline(derived)
-widgets.panels(
-    shown,
+derived = derive_state(shown.history(), state.quantile_window_seconds())
+cards.config_card(status.info, derived.cache_config)
+cards.headline(derived)
+gpus = shown.gpu_history()
+charts.panels(
+    shown.history(),
     window_seconds=end - start + 1,
     quantile_window_seconds=state.quantile_window_seconds(),
     max_num_seqs=state.max_num_seqs(),
-    gpus=GpuReading.from_json(recording.records[-1].gpus),
+    gpus=gpus[-1][1] if gpus else None,
     nvml_note="not in this recording",
     key="replay",
 )

@@ -7,9 +7,9 @@ from diagnostics.core.metrics.derive import window
 from diagnostics.core.text import md_escape
 from diagnostics.errors import BadRecording
 from diagnostics.ui import findings as cards
-from diagnostics.ui import resources, state, widgets
+from diagnostics.ui import resources, shell, state
 
-target = widgets.page("Diagnose")
+target = shell.page("Diagnose")
 source = st.radio(
     "Diagnose", ["the live target", "a recording", "a startup log only"], horizontal=True, key="diagnose_source"
 )
@@ -36,8 +36,8 @@ elif source == "a recording":
     upload = st.file_uploader("Recording (.jsonl / .jsonl.gz)", type=["jsonl", "gz", "json"], key="diag_upload")
     if upload is not None:
         try:
-            recording, history = resources.parsed_recording(upload.getvalue())
-            info = recording.info()
+            _, replay = resources.parsed_recording(upload.getvalue())
+            history, info = replay.history(), replay.status().info
         except BadRecording as exc:
             st.error(f"This file is not a usable recording: {md_escape(exc)}")
 elif not log_text:

@@ -12,9 +12,9 @@ from diagnostics.core.simulator.paged_demo import (
     demo_frames,
     sharing_figure,
 )
-from diagnostics.ui import widgets
+from diagnostics.ui import shell
 
-widgets.page("PagedAttention")
+shell.page("PagedAttention")
 st.markdown(
     "vLLM splits each sequence's KV cache into fixed-size **blocks**; a per-sequence **block table** "
     "maps logical token positions to physical blocks, like an OS page table. Nothing is reserved up "

@@ -8,9 +8,9 @@ from diagnostics.core.capacity.arithmetic import DTYPE_BYTES, GPU_PRESETS_GB, MO
 from diagnostics.core.capacity.server_check import check_server
 from diagnostics.core.metrics.derive import last_snapshot
 from diagnostics.core.text import md_escape
-from diagnostics.ui import resources, state, widgets
+from diagnostics.ui import resources, shell, state
 
-target = widgets.page("Capacity")
+target = shell.page("Capacity")
 c1, c2, c3 = st.columns(3)
 preset = c1.selectbox("Model", [*MODEL_PRESETS, "paste a config.json"], key="cap_model")
 shape = MODEL_PRESETS.get(preset)

@@ -10,9 +10,9 @@ from diagnostics.core.fleet import promql
 from diagnostics.core.targets import normalize_url
 from diagnostics.core.text import fmt_when, md_escape
 from diagnostics.errors import TargetError
-from diagnostics.ui import fleet_view, resources, state, widgets
+from diagnostics.ui import fleet_view, resources, shell, state
 
-widgets.page("Fleet", target_note=False)  # the fleet is not the sidebar's target
+shell.page("Fleet", target_note=False)  # the fleet is not the sidebar's target
 config = resources.targets_config()
 
 c1, c2 = st.columns([3, 2])

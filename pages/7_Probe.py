@@ -12,9 +12,9 @@ from diagnostics.core.probe import MAX_CONCURRENCY, MAX_REQUESTS, MAX_SECONDS, P
 from diagnostics.core.text import fmt_when, md_escape
 from diagnostics.recording import encode_recording
 from diagnostics.sources.probe_http import ProbeRefused
-from diagnostics.ui import probe_view, resources, widgets
+from diagnostics.ui import probe_view, resources, shell
 
-target = widgets.page("Probe")
+target = shell.page("Probe")
 if target is None:
     st.info("Pick a target in the sidebar first.")
     st.stop()

@@ -16,7 +16,7 @@ from diagnostics.core.figures.diagnose import finding_figure
 from diagnostics.core.figures.prediction import prediction_figure
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.text import evidence_rows, md_escape
-from diagnostics.ui.widgets import chart
+from diagnostics.ui.charts import chart
 
 BADGES = {"critical": ":red-badge[CRITICAL]", "warning": ":orange-badge[WARNING]", "info": ":blue-badge[INFO]"}
 

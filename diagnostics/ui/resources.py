@@ -9,24 +9,31 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import streamlit as st
 
 from diagnostics.collector import Collector, shared_collector
 from diagnostics.core.fleet.promql import Scope
-from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.gpu import GpuReading
+from diagnostics.core.metrics.history import HistorySource, Replay
 from diagnostics.core.targets import TargetsConfig, targets_from
 from diagnostics.prometheus_fleet import PrometheusTarget
-from diagnostics.recording import Recording, read_recording
+from diagnostics.recording import Record, Recording, read_recording
 from diagnostics.sim.server import SimServer
-from diagnostics.ui import state
-
-if TYPE_CHECKING:
-    from diagnostics.ui.widgets import Selected
 from diagnostics.sources import nvml
 from diagnostics.sources.prometheus import PrometheusClient
+from diagnostics.ui import state
+from diagnostics.ui.targets import Selected
+
+
+class TargetSource(HistorySource, Protocol):
+    """A target's history that can also be saved: its last seconds as recording records (the
+    shared collector, or an instance read through Prometheus)."""
+
+    def recent_records(self, seconds: float | None = None) -> list[Record]:
+        """The scrapes of the last ``seconds`` (all kept when None), as a recording's records."""
+        ...
 
 
 @st.cache_resource(show_spinner=False)
@@ -50,7 +57,7 @@ def collector(url: str, api_key: str | None) -> Collector:
     return shared_collector(url, api_key, gpu_reader=_nvml_reader()[0])
 
 
-def source(target: Selected) -> Collector | PrometheusTarget:
+def source(target: Selected) -> TargetSource:
     """Where a page reads a target's history: its shared collector, or Prometheus for an instance
     opened from the Fleet page (re-read at most once per refresh; a failed read keeps the last)."""
     if target.prometheus is None:
@@ -81,11 +88,12 @@ def targets_config() -> TargetsConfig:
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def _parsed(digest: str, _data: bytes) -> tuple[Recording, list[Scrape]]:
+def _parsed(digest: str, _data: bytes) -> tuple[Recording, Replay]:
     recording = read_recording(_data)
-    return recording, recording.scrapes()
+    return recording, recording.replay()
 
 
-def parsed_recording(data: bytes) -> tuple[Recording, list[Scrape]]:
-    """An uploaded recording, parsed once per distinct file (raises ``BadRecording``)."""
+def parsed_recording(data: bytes) -> tuple[Recording, Replay]:
+    """An uploaded recording (for what was skipped in it) and its replay, parsed once per distinct
+    file (raises ``BadRecording``)."""
     return _parsed(hashlib.sha256(data).hexdigest(), data)
