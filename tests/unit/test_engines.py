@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from diagnostics.core.diagnosis import diagnose, prepare
+from diagnostics.core.diagnosis import Thresholds, diagnose, prepare
 from diagnostics.core.diagnosis.data_parallel import load_skews, per_engine, silent_ranks, slow_ranks
 from diagnostics.core.figures.engines import ENGINE_PANELS, engines_figure
 from diagnostics.core.metrics.catalog import parse_snapshot
@@ -240,6 +240,35 @@ def test_a_kv_cache_full_beside_an_emptier_peer_is_a_kv_skew() -> None:
     assert [(k.engine, k.kind, k.max_kv_usage, k.peer_kv_usage) for k in skews] == [(("m", "0"), "kv", 0.97, 0.30)]
     near = pinned(20, waiting=0.0, usage=0.97, peer_usage=0.60)  # 37 points apart: under the 40-point gap
     assert load_skews(ok_of(near), 10.0, 0.95, 0.4) == []
+
+
+def test_the_diagnosis_judges_a_kv_skew_by_the_near_full_line_it_was_given() -> None:
+    """prepare computes the skews once, with the context's thresholds: a 90 % cache beside a 10 % one
+    is under the default 95 % "near full" line (no skew), and over an 85 % one (a KV skew)."""
+    scrapes = pinned(20, waiting=0.0, usage=0.90, peer_usage=0.10)
+
+    def skews(thresholds: Thresholds) -> list[object]:
+        return [f.evidence["skew"] for f in diagnose(prepare(scrapes, thresholds=thresholds))
+                if f.id == "engine_imbalance"]
+
+    assert skews(Thresholds()) == []
+    assert skews(Thresholds(kv_full_perc=0.85)) == ["kv"]
+
+
+def test_a_skew_too_short_to_report_still_keeps_the_queue_off_the_cap() -> None:
+    """7 s of engine 0 queueing beside a peer with room: under the 10 s a routing finding needs, yet
+    over the 3 s a queue needs to count, so the queue rule must see it as routing, not the cap (the
+    context keeps skews of any length; each rule picks those lasting long enough for it)."""
+    ids = [f.id for f in diagnose(prepare(pinned(8), max_num_seqs=4))]
+    assert "engine_imbalance" not in ids and "queue_at_cap" not in ids, ids
+
+
+def test_the_diagnosis_reports_a_skew_of_exactly_the_minimum_length() -> None:
+    def skews(seconds: int) -> list[object]:
+        return [f.evidence["skew"] for f in diagnose(prepare(pinned(seconds), max_num_seqs=4))
+                if f.id == "engine_imbalance"]
+
+    assert (skews(11), skews(10)) == (["waiting"], [])  # 10 s is enough, 9 s is not
 
 
 def test_the_real_pinned_recording_is_a_skew_and_its_idle_rank_is_not_hung() -> None:

@@ -62,6 +62,14 @@ def test_a_failed_scrape_keeps_the_kind_of_the_adapters_error_and_a_recording_ke
     ("/metrics answered HTTP 401 Unauthorized (check the API key)", ErrorKind.HTTP_STATUS),
     ("http://h:1/metrics has no vllm: metrics (not a vLLM server, or one started with --disable-log-stats)",
      ErrorKind.NOT_VLLM),
+    # The collector's /health check: any HTTP error there meant "Engine dead" to the old outage rule.
+    ("engine unhealthy: /health answered HTTP 500 Internal Server Error", ErrorKind.ENGINE_UNAVAILABLE),
+    ("/metrics failed: Server disconnected without sending a response.", ErrorKind.UNREACHABLE),
+    ("/metrics response exceeds 8192 KiB; refused", ErrorKind.BAD_PAYLOAD),
+    ("/metrics is not UTF-8 text", ErrorKind.BAD_PAYLOAD),
+    ("bad payload: line 3: expected a value, got 'x'", ErrorKind.BAD_PAYLOAD),
+    ("/version did not answer JSON", ErrorKind.BAD_PAYLOAD),
+    ("http://h:1/metrics answered an HTML page, not Prometheus metrics", ErrorKind.NOT_VLLM),
     ("Prometheus: h:1 down at this instant", ErrorKind.UNKNOWN),
 ])
 def test_an_old_recording_with_only_a_message_is_read_with_the_kind_its_wording_meant(

@@ -16,7 +16,7 @@ from diagnostics.core.diagnosis.knobs import KNOBS_BY_ID
 from diagnostics.core.diagnosis.logs import ERROR_PATTERNS
 from diagnostics.core.diagnosis.rules.startup import STARTUP_ERRORS
 from diagnostics.core.diagnosis.runner import run_rule
-from diagnostics.core.diagnosis.table import Stamp
+from diagnostics.core.diagnosis.table import BARE, Stamp
 from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, HISTOGRAMS, RATIOS, parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
@@ -175,6 +175,24 @@ def test_each_finding_carries_the_knobs_chart_and_window_of_its_row_and_no_body_
                                   "seconds": round(ctx.history[-1].ts - ctx.history[0].ts, 3)}, (rule.id, finding.id)
             else:
                 assert window is None, (rule.id, finding.id)
+
+
+def test_a_finding_named_in_overrides_or_absent_carries_that_entry_not_its_rows() -> None:
+    """Read from the rows' own entries, not through ``Rule.stamp``: an override finding carries its
+    entry's knobs, chart and window, an ``absent:`` one none of them; and the sample windows build
+    each such finding at least once."""
+    seen = set()
+    for ctx in CONTEXTS.values():
+        for rule in _runs(ctx):
+            for f in run_rule(rule, ctx):
+                entry = rule.overrides.get(f.id) or (BARE if f.id == f"absent:{rule.absent}" else None)
+                if entry is None:
+                    continue
+                seen.add((rule.id, f.id))
+                assert (f.knobs, f.chart, "window" in f.evidence) == (
+                    entry.knobs, entry.chart if ctx.ok else None, entry.window and bool(ctx.history)), (rule.id, f.id)
+    assert seen == {(rule.id, finding_id) for rule, finding_id in DECLARED
+                    if finding_id in rule.overrides or finding_id == f"absent:{rule.absent}"}
 
 
 @pytest.mark.parametrize("name", [n for n, ctx in CONTEXTS.items() if ctx.ok])

@@ -392,6 +392,12 @@ def test_a_simulated_batch_grown_past_what_the_gpu_decodes_within_budget_leads_w
     first = top.suggestions[0]
     assert (first.flag, first.direction) == ("--max-num-seqs", "decrease")
     assert isinstance(first.value, int) and first.value < top.evidence["peak_num_requests_running"]
+    # A batch the L4 decodes within the budget even with every sequence at its full 282 tokens; the
+    # peak it reached is not.
+    engine = SimEngine(grown.config)
+    assert engine.step_seconds(0, first.value, first.value * 282) <= 0.100
+    peak = int(top.evidence["peak_num_requests_running"])
+    assert engine.step_seconds(0, peak, peak * 282) > 0.100
     assert "--quantization" in [s.flag for s in top.suggestions[1:]]
 
 

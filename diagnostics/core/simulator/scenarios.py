@@ -65,7 +65,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              Workload(rate_per_s=1.0, prompt_tokens=300, output_tokens=200, n=8)),
     Scenario("parallel_sampling", "Parallel sampling with prefix caching", "n=8 samples sharing prompt blocks",
              "", BASE, Workload(rate_per_s=1.0, prompt_tokens=300, output_tokens=200, n=8)),
-    Scenario("slow_decode", "Slow decode from an over-large batch", "512 sequences per step on an L4: ITL over budget",
+    # Reading the 8B model's 16 GB of bf16 weights at 300 GB/s takes ~53.5 ms a step: no batch size meets 50 ms,
+    # so the right first suggestion is --quantization (tests/unit/test_rules.py checks both).
+    Scenario("slow_decode", "Slow decode: the model is too slow per step for the ITL budget (weights-bound on an L4)",
+             "an 8B model in bf16 on an L4 reads its weights in ~53.5 ms a step, over the 50 ms ITL budget even at one "
+             "sequence",
              "slow_decode", replace(BASE, gpu=GPU_SPECS["L4-24GB"], max_num_seqs=512, num_gpu_blocks=30000),
              Workload(rate_per_s=8.0, prompt_tokens=32, output_tokens=250), itl_budget_ms=50.0),
     Scenario("stall", "Silent stall", "the engine stops producing tokens while /metrics still answers",
