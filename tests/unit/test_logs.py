@@ -77,6 +77,14 @@ def test_vllm_error_strings_of_every_version(line: str, kind: str, flag: str, di
     assert exit_code([f]) == 2
 
 
+def test_a_sampler_warm_up_out_of_memory_halves_the_dummy_requests() -> None:
+    text = ("INFO 11-29 10:00:00 [api_server.py:1] vLLM API server version 0.10.2\n"
+            "RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy "
+            "requests. Please try lowering `max_num_seqs`.\n")
+    f = diagnose(prepare([], log_text=text))[0]
+    assert (f.suggestions[0].flag, f.suggestions[0].value) == ("--max-num-seqs", 512)
+
+
 def test_free_memory_suggests_what_fits() -> None:
     text = ("ValueError: Free memory on device cuda:0 (30.5/79.1 GiB) on startup is less than desired GPU memory "
             "utilization (0.9, 71.2 GiB).")

@@ -63,6 +63,16 @@ def test_queue_at_cap_needs_time_at_the_cap_and_room_in_kv(seconds_at_cap: int, 
         assert f.time_range == (5.0, 5.0 + seconds_at_cap)
 
 
+@pytest.mark.parametrize(("gap_s", "one_wait"), [(2.0, True), (2.5, False)])
+def test_two_short_waits_at_the_cap_are_one_only_when_at_most_two_seconds_apart(gap_s: float, one_wait: bool) -> None:
+    """Two 2 s waits (each under the 3 s a queue needs): one 6 s wait when the gauge read 0 for at most
+    2 s between them, two short ones (nothing to report) when it stayed 0 longer."""
+    ts = [i / 2 for i in range(40)]
+    waiting = [0.0 <= t <= 2.0 or 2.0 + gap_s <= t <= 4.0 + gap_s for t in ts]
+    history = [scrape(t, gen=100 * t, running=4, waiting=3 if w else 0, usage=0.2) for t, w in zip(ts, waiting)]
+    assert ("queue_at_cap" in ids(diagnose(prepare(history, max_num_seqs=4)))) == one_wait
+
+
 def test_queue_uses_the_known_cap_when_given() -> None:
     history = [scrape(float(t), gen=100 * t, running=6, waiting=3, usage=0.2) for t in range(10)]
     assert "queue_at_cap" not in ids(diagnose(prepare(history, max_num_seqs=16)))
@@ -71,6 +81,7 @@ def test_queue_uses_the_known_cap_when_given() -> None:
 
 @pytest.mark.parametrize(("preempt_per_s", "usage", "waiting", "severity"), [
     (0, 1.0, 5, None), (0.5, 0.97, 0, "warning"), (2, 1.0, 5, "critical"),
+    (1, 1.0, 5, "critical"), (0.9, 1.0, 5, "warning"),  # one preemption a second is the critical line
 ])
 def test_kv_pressure(preempt_per_s: float, usage: float, waiting: float, severity: str | None) -> None:
     history = [scrape(float(t), gen=100 * t, running=10, waiting=waiting, usage=usage, preempt=preempt_per_s * t)
@@ -113,6 +124,15 @@ def test_an_outage_that_came_and_went_is_reported_with_its_range() -> None:
     f = next(f for f in diagnose(prepare(history)) if f.id == "server_down")
     assert f.severity == "critical" and f.time_range == (5.0, 7.0) and f.evidence["ongoing"] is False
     assert "recovered" in f.title
+
+
+def test_what_the_server_did_before_an_outage_is_read_from_the_last_minute_only() -> None:
+    """20 running until 70 s before the outage, 2 in the minute before it: the minute is what counts."""
+    history = [scrape(float(t), gen=100 * t, running=20 if t < 30 else 2) for t in range(100)] + [
+        down(100.0), down(101.0)]
+    f = next(f for f in diagnose(prepare(history)) if f.id == "server_down")
+    assert f.evidence["before_max_num_requests_running"] == 2
+    assert f.evidence["before_last_good_scrape_at"] == 99.0
 
 
 def test_an_ongoing_outage_is_critical_and_says_so() -> None:
@@ -477,6 +497,18 @@ def test_runtime_max_model_len_is_offered_only_as_a_plain_trade_off() -> None:
     assert "--max-model-len" in flags and flags[0] != "--max-model-len"
     cut = f.suggestions[flags.index("--max-model-len")]
     assert "trade-off" in cut.why and "frees nothing" in cut.why
+
+
+def test_kv_pressure_sizes_each_suggestion_from_the_window() -> None:
+    """The same window at --gpu-memory-utilization 0.8: one 0.05 step up (0.85); --max-model-len the
+    p99 prompt (497) with 25 % headroom, rounded up to 256 tokens (768); --max-num-seqs three quarters
+    of the 10 running when preemption began (7)."""
+    history = [scrape(float(t), gen=100 * t, running=10, waiting=5, usage=1.0, preempt=2 * t,
+                      prompt_len_counts=_counts(PROMPT_SLOTS, b8=3 * t)) for t in range(20)]
+    f = next(f for f in diagnose(prepare(history, max_model_len=32768, gpu_memory_utilization=0.8))
+             if f.id == "kv_pressure")
+    values = {s.flag: s.value for s in f.suggestions}
+    assert (values["--gpu-memory-utilization"], values["--max-model-len"], values["--max-num-seqs"]) == (0.85, 768, 7)
 
 
 def test_no_queue_or_capacity_advice_while_running_requests_get_no_token() -> None:
