@@ -392,6 +392,18 @@ def test_a_median_rising_with_the_batch_leads_with_a_value_even_when_no_batch_me
         ("--max-num-seqs", "decrease", 8), ("--quantization", "set", None)]
 
 
+def test_a_median_flat_across_the_batch_gives_fewer_sequences_no_value() -> None:
+    """8 → 48 → 160 running and every gap in (50, 75] ms at each: over a 40 ms budget at every batch,
+    and no smaller batch ran faster, so nothing says what --max-num-seqs would meet it."""
+    history = _latency_history([{"itl": _counts(ITL_SLOTS, b3=300), "steps": _counts(STEP_SLOTS, b7=20),
+                                 "prompts": _counts(PROMPT_SLOTS), "running": 8 if t < 10 else 48 if t < 20 else 160}
+                                for t in range(30)])
+    f = next(f for f in diagnose(prepare(history, budgets=Budgets(itl_ms=40))) if f.id == "slow_decode")
+    assert f.evidence["median_rises_with_batch"] is False
+    fewer = next(s for s in f.suggestions if s.flag == "--max-num-seqs")
+    assert fewer.value is None and f.suggestions[0].flag == "--quantization"
+
+
 def _simulated(scenario: Scenario, seconds: float = 60.0) -> list[Scrape]:
     return [Scrape(ts, parse_snapshot(t)) for ts, t in Simulation(scenario.name).run_for(seconds)]
 
