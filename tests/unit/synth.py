@@ -3,7 +3,7 @@ tests/integration/test_diagnose.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
@@ -50,6 +50,7 @@ def text(
     ttft_counts: Sequence[float] | None = None,
     queue_seconds: tuple[float, float] | None = None,
     prefill_seconds: tuple[float, float] | None = None,
+    started_at: float = 1000,
 ) -> str:
     lines = [
         f"vllm:num_requests_running{{{L}}} {running}",
@@ -63,7 +64,7 @@ def text(
         f"vllm:prefix_cache_queries_total{{{L}}} {queries}",
         f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching="{prefix_caching}",'
         f'engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="{num_gpu_blocks}"{pin}}} 1.0',
-        "process_start_time_seconds 1000",
+        f"process_start_time_seconds {started_at}",
     ]
     lines += _hist("vllm:inter_token_latency_seconds", ITL_BOUNDS, itl_counts or [0] * 14, itl_sum)
     lines += _hist("vllm:request_params_n", N_BOUNDS, n_counts or [0] * 6, 0.0)
@@ -93,3 +94,28 @@ MESSAGES = {
 
 def down(ts: float, kind: ErrorKind = ErrorKind.UNREACHABLE, message: str | None = None) -> Scrape:
     return Scrape(ts, None, MESSAGES.get(kind, str(kind)) if message is None else message, kind)
+
+
+GAUGES = ("running", "waiting", "usage")
+
+
+def cumulative(per_second: Sequence[Mapping[str, float | Sequence[float]]], **fixed: object) -> list[Scrape]:
+    """One scrape a second from what each second *added*: counters (``gen``, ``prompt``, ``preempt``)
+    and bucket counts (``itl_counts``, ``step_counts``, ``prompt_len_counts``) are summed into the
+    totals a server exposes; gauges (:data:`GAUGES`) are read as they are; ``fixed`` goes to every
+    scrape."""
+    counters: dict[str, float] = {}
+    buckets: dict[str, list[float]] = {}
+    gauges: dict[str, float] = {}
+    history = []
+    for t, added in enumerate(per_second):
+        for key, value in added.items():
+            if isinstance(value, (int, float)):
+                if key in GAUGES:
+                    gauges[key] = value
+                else:
+                    counters[key] = counters.get(key, 0.0) + value
+            else:
+                buckets[key] = [a + b for a, b in zip(buckets.get(key, [0.0] * len(value)), value)]
+        history.append(scrape(float(t), **fixed, **counters, **buckets, **gauges))
+    return history

@@ -1,0 +1,118 @@
+"""The edges of the rules that nothing else pinned: each test here fails when one condition or term
+of a rule is dropped (issue 19 found eight such mutations passing every unit test). Synthetic
+histories, one behaviour each; the diagnosis is read only through ``prepare`` and ``diagnose``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from diagnostics.core.diagnosis import Budgets, Finding, Thresholds, diagnose, prepare
+from diagnostics.core.metrics.derive import Scrape, histogram_delta
+from tests.unit.synth import ITL_BOUNDS, PROMPT_BOUNDS, STEP_BOUNDS, cumulative, scrape
+
+ITL_SLOTS, STEP_SLOTS, PROMPT_SLOTS = len(ITL_BOUNDS) + 1, len(STEP_BOUNDS) + 1, len(PROMPT_BOUNDS) + 1
+
+
+def ids(findings: list[Finding]) -> list[str]:
+    return [f.id for f in findings]
+
+
+def find(findings: list[Finding], fid: str) -> Finding:
+    return next(f for f in findings if f.id == fid)
+
+
+def counts(slots: int, **at: float) -> list[float]:
+    """Bucket counts: ``b3=200`` puts 200 observations in bucket 3."""
+    out = [0.0] * slots
+    for bucket, n in at.items():
+        out[int(bucket[1:])] = n
+    return out
+
+
+def _decoders(seconds: int, gaps: Mapping[str, float], spikes_at: Mapping[int, Mapping[str, float]],
+              prefills_at: set[int]) -> list[Scrape]:
+    """16 decoders for ``seconds``: ``gaps`` per second (ITL bucket counts); ``spikes_at`` adds ITL
+    counts at those seconds; ``prefills_at`` holds one 1,024–2,048-token step and a 1,000–2,000-token
+    prompt."""
+    return cumulative([{
+        "gen": 200.0, "running": 16,
+        "itl_counts": [a + b for a, b in zip(counts(ITL_SLOTS, **gaps), counts(ITL_SLOTS, **spikes_at.get(t, {})))],
+        "step_counts": counts(STEP_SLOTS, b7=20, b9=1 if t in prefills_at else 0),
+        "prompt_len_counts": counts(PROMPT_SLOTS, b2=8, b10=1 if t in prefills_at else 0),
+    } for t in range(seconds)])
+
+
+@pytest.mark.parametrize(("spike_bucket", "fires"), [
+    (6, False),  # gaps in (150, 200] ms over a 62 ms median: above the 100 ms floor, under 3 × the median
+    (8, True),  # gaps in (300, 400] ms: more than three times the median
+])
+def test_a_head_of_line_spike_is_three_times_the_median_not_just_over_the_floor(spike_bucket: int, fires: bool) -> None:
+    history = _decoders(20, {"b3": 200}, {t: {f"b{spike_bucket}": 20} for t in (5, 10, 15)}, {5, 10, 15})
+    assert ("head_of_line_blocking" in ids(diagnose(prepare(history)))) == fires
+
+
+@pytest.mark.parametrize(("seconds_before", "fires"), [(1, True), (2, False)])
+def test_a_large_step_in_the_neighbouring_interval_explains_a_spike(seconds_before: int, fires: bool) -> None:
+    """vLLM updates the histograms asynchronously: the large step and the gaps it causes can land one
+    scrape apart, never two."""
+    spikes = {t: {"b8": 20} for t in (6, 11, 16)}
+    history = _decoders(20, {"b0": 200}, spikes, {t - seconds_before for t in spikes})
+    assert ("head_of_line_blocking" in ids(diagnose(prepare(history)))) == fires
+
+
+def test_a_histogram_after_a_restart_is_the_new_process_s_even_when_every_bucket_grew() -> None:
+    """The new process observed more than the old one had: no bucket dropped, only the start time
+    says the counts began again."""
+    old = scrape(0.0, itl_counts=counts(ITL_SLOTS, b0=5, b2=4), itl_sum=0.1)
+    new = scrape(1.0, itl_counts=counts(ITL_SLOTS, b0=8, b2=6), itl_sum=0.2, started_at=2000)
+    delta = histogram_delta([old, new], "inter_token_latency_seconds")
+    assert delta is not None and delta.count == 14 and delta.cumulative[0] == 8
+
+
+def test_a_restart_while_the_server_answered_is_a_warning_with_the_run_that_ended() -> None:
+    history = [scrape(float(t), gen=100 * t, running=4) for t in range(5)]
+    history += [scrape(float(t), gen=50 * (t - 4), running=2, started_at=2000) for t in range(5, 10)]
+    findings = diagnose(prepare(history))
+    restarted = find(findings, "server_restarted")
+    assert restarted.severity == "warning" and restarted.time_range == (4.0, 5.0)
+    assert restarted.evidence["started_at"] == 2000 and restarted.evidence["seen_at"] == 5.0
+    assert restarted.evidence["before_max_num_requests_running"] == 4  # the old process's, not the new one's
+    assert "server_down" not in ids(findings)
+
+
+def test_an_engine_recomputing_preempted_requests_has_not_stopped() -> None:
+    """Requests running, no token for 3 s, but preemptions still counting: the engine is busy
+    recomputing under a full cache, so the KV-pressure advice stands ("tokens stopped" would hold it
+    back)."""
+    per_second = [{"gen": 100.0 if t < 10 else 0.0, "preempt": 2.0, "running": 10, "waiting": 5, "usage": 1.0}
+                  for t in range(14)]
+    findings = diagnose(prepare(cumulative(per_second)))
+    assert "tokens_stopped" not in ids(findings)
+    assert find(findings, "kv_pressure").suggestions
+
+
+@pytest.mark.parametrize(("min_scrapes", "fires"), [(3, False), (2, True)])
+def test_a_stall_needs_enough_scrapes_not_only_enough_seconds(min_scrapes: int, fires: bool) -> None:
+    """6 s without a token seen by only two late scrapes (3 s apart): too few to call a stall."""
+    times = [0, 1, 2, 3, 4, 7, 10, 11, 12]
+    gen = [0, 100, 200, 300, 400, 400, 400, 500, 600]
+    history = [scrape(float(t), gen=g, running=4) for t, g in zip(times, gen)]
+    findings = diagnose(prepare(history, thresholds=Thresholds(stall_min_scrapes=min_scrapes)))
+    assert ("silent_stall" in ids(findings)) == fires
+
+
+@pytest.mark.parametrize(("usage", "severity"), [(0.7, "warning"), (1.0, "critical")])
+def test_kv_pressure_is_critical_only_with_a_full_cache(usage: float, severity: str) -> None:
+    history = [scrape(float(t), gen=100 * t, running=10, waiting=5, usage=usage, preempt=2 * t) for t in range(20)]
+    assert find(diagnose(prepare(history)), "kv_pressure").severity == severity
+
+
+def test_decode_over_budget_at_a_single_sequence_leads_with_the_model_not_the_batch() -> None:
+    """One sequence running all along and ITL p95 ~74 ms over a 50 ms budget: no smaller batch exists,
+    so fewer sequences cannot help; quantized weights (read faster per step) come first."""
+    history = cumulative([{"gen": 100.0, "running": 1, "itl_counts": counts(ITL_SLOTS, b3=100)} for _ in range(12)])
+    f = find(diagnose(prepare(history, budgets=Budgets(itl_ms=50))), "slow_decode")
+    assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--quantization", "set")
+    assert "--max-num-seqs" in [s.flag for s in f.suggestions[1:]]
