@@ -190,8 +190,8 @@ def test_diagnosis_through_prometheus_matches_the_label(
     original = read_recording(INCIDENTS / label["file"]).scrapes()
     assert len(history) == len(original), "every recorded scrape, and only those, comes back from Prometheus"
     findings = diagnose(prepare(history, info=target.status().info, budgets=budgets))
-    ok, why = corpus.judge(findings, label["expect"], len(history))
-    assert ok, f"{FLEET[instance]} through Prometheus: {why}; got {[f.id for f in findings]}"
+    verdict = corpus.judge(findings, label["expect"], len(history))
+    assert verdict.ok, f"{FLEET[instance]} through Prometheus: {verdict.why}; got {[f.id for f in findings]}"
 
 
 def test_cli_diagnose_and_record_through_prometheus(
