@@ -116,3 +116,33 @@ def test_decode_over_budget_at_a_single_sequence_leads_with_the_model_not_the_ba
     f = find(diagnose(prepare(history, budgets=Budgets(itl_ms=50))), "slow_decode")
     assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--quantization", "set")
     assert "--max-num-seqs" in [s.flag for s in f.suggestions[1:]]
+
+
+@pytest.mark.parametrize(("seconds", "rises"), [(6, False), (9, True)])
+def test_a_median_rising_with_the_batch_is_judged_on_six_intervals_at_least(seconds: int, rises: bool) -> None:
+    """4 running with gaps under 10 ms, then 16 running with gaps of 50–75 ms: over 8 intervals the
+    median rose with the batch; over 5, one interval a side says too little to claim it."""
+    half = seconds // 2
+    history = cumulative([{"gen": 100.0, "running": 4 if t < half else 16,
+                           "itl_counts": counts(ITL_SLOTS, b0=100) if t < half else counts(ITL_SLOTS, b3=100)}
+                          for t in range(seconds)])
+    f = find(diagnose(prepare(history, budgets=Budgets(itl_ms=40))), "slow_decode")
+    assert f.evidence["median_rises_with_batch"] is rises
+
+
+@pytest.mark.parametrize(("spikes", "fires"), [(5, False), (20, True)])
+def test_a_spike_interval_has_one_percent_of_its_gaps_in_the_tail(spikes: int, fires: bool) -> None:
+    """1,000 gaps a second under 10 ms; next to each long prefill, 5 (0.5 %) or 20 (2 %) of 300–400 ms."""
+    history = _decoders(20, {"b0": 1000}, {t: {"b8": spikes} for t in (5, 10, 15)}, {5, 10, 15})
+    assert ("head_of_line_blocking" in ids(diagnose(prepare(history)))) == fires
+
+
+@pytest.mark.parametrize(("grown_to", "rises"), [(12, False), (16, True)])
+def test_a_median_rises_with_the_batch_only_when_the_batch_at_least_doubled(grown_to: int, rises: bool) -> None:
+    """8 running with gaps under 10 ms, then ``grown_to`` with gaps of 50–75 ms: from 8 to 12 the
+    batch did not change enough to blame it."""
+    history = cumulative([{"gen": 100.0, "running": 8 if t < 5 else grown_to,
+                           "itl_counts": counts(ITL_SLOTS, b0=100) if t < 5 else counts(ITL_SLOTS, b3=100)}
+                          for t in range(10)])
+    f = find(diagnose(prepare(history, budgets=Budgets(itl_ms=40))), "slow_decode")
+    assert f.evidence["median_rises_with_batch"] is rises
