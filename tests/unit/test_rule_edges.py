@@ -146,3 +146,11 @@ def test_a_median_rises_with_the_batch_only_when_the_batch_at_least_doubled(grow
                           for t in range(10)])
     f = find(diagnose(prepare(history, budgets=Budgets(itl_ms=40))), "slow_decode")
     assert f.evidence["median_rises_with_batch"] is rises
+
+
+@pytest.mark.parametrize(("prefills_at", "fires"), [({4, 8}, False), ({4, 8, 12}, True)])
+def test_most_spike_intervals_sit_next_to_a_long_prefill(prefills_at: set[int], fires: bool) -> None:
+    """Spikes in five intervals; two of them next to a long prefill are a coincidence (under half),
+    three are the pattern."""
+    history = _decoders(24, {"b0": 200}, {t: {"b8": 20} for t in (4, 8, 12, 16, 20)}, prefills_at)
+    assert ("head_of_line_blocking" in ids(diagnose(prepare(history)))) == fires
