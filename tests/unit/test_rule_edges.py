@@ -1,6 +1,7 @@
-"""The edges of the rules that nothing else pinned: each test here fails when one condition or term
-of a rule is dropped (issue 19 found eight such mutations passing every unit test). Synthetic
-histories, one behaviour each; the diagnosis is read only through ``prepare`` and ``diagnose``."""
+"""The edges of the rules that nothing else pinned: each test here fails when one condition, term or
+threshold of a rule is dropped or moved (issue 19 found eight such mutations passing every unit test;
+the others were found by mutating the rules the same way). Synthetic histories, one behaviour each;
+the diagnosis is read only through ``prepare`` and ``diagnose``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from collections.abc import Mapping
 import pytest
 
 from diagnostics.core.diagnosis import Budgets, Finding, Thresholds, diagnose, prepare
+from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape, histogram_delta
 from tests.unit.synth import ITL_BOUNDS, PROMPT_BOUNDS, STEP_BOUNDS, cumulative, scrape
+from tests.unit.synth import text as synth_text
 
 ITL_SLOTS, STEP_SLOTS, PROMPT_SLOTS = len(ITL_BOUNDS) + 1, len(STEP_BOUNDS) + 1, len(PROMPT_BOUNDS) + 1
 
@@ -154,3 +157,46 @@ def test_most_spike_intervals_sit_next_to_a_long_prefill(prefills_at: set[int], 
     three are the pattern."""
     history = _decoders(24, {"b0": 200}, {t: {"b8": 20} for t in (4, 8, 12, 16, 20)}, prefills_at)
     assert ("head_of_line_blocking" in ids(diagnose(prepare(history)))) == fires
+
+
+def test_a_batch_whose_itl_p95_is_exactly_the_budget_is_within_it() -> None:
+    """At 4 running, 95 of every 100 gaps in (25, 50] ms: p95 is 50 ms exactly, within a 50 ms
+    budget, so 4 is the batch the budget defends; 16 running is over it."""
+    history = cumulative([{"gen": 100.0, "running": 4 if t < 6 else 16,
+                           "itl_counts": counts(ITL_SLOTS, b2=95, b4=5) if t < 6 else counts(ITL_SLOTS, b4=100)}
+                          for t in range(12)])
+    f = find(diagnose(prepare(history, budgets=Budgets(itl_ms=50))), "slow_decode")
+    assert f.evidence["defended_num_requests_running"] == 4
+
+
+def _rejected(t: float, num_rejected: float, usage: float) -> Scrape:
+    """Four running at a cap of four, two waiting, ``num_rejected`` turned away so far."""
+    text = synth_text(gen=100 * t, running=4, waiting=2, usage=usage)
+    return Scrape(t, parse_snapshot(text + f'vllm:admission_rejections_total{{model_name="m",'
+                                           f'reason="max_num_queued_reqs"}} {num_rejected}\n'))
+
+
+def test_requests_turned_away_with_the_kv_cache_not_yet_full_name_the_batch_cap() -> None:
+    """85 % of the KV cache in use: room the batch cap is not using, not a full cache."""
+    history = [_rejected(float(t), 0 if t < 3 else 10, usage=0.85) for t in range(8)]
+    f = find(diagnose(prepare(history, max_num_seqs=4)), "admission_rejected")
+    assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--max-num-seqs", "increase")
+
+
+def test_one_second_without_tokens_is_not_yet_tokens_stopped() -> None:
+    """A queue at the cap whose last scrape saw no new token: too short to hold the queue advice back."""
+    per_second = [{"gen": 100.0 if t < 9 else 0.0, "running": 4, "waiting": 10, "usage": 0.3} for t in range(10)]
+    findings = diagnose(prepare(cumulative(per_second), max_num_seqs=4))
+    assert "tokens_stopped" not in ids(findings)
+    assert "queue_at_cap" in ids(findings)
+
+
+@pytest.mark.parametrize(("prompt_bucket", "fires"), [(3, False), (9, True)])
+def test_parallel_samples_that_miss_the_cache_matter_only_with_prompts_of_two_blocks(
+    prompt_bucket: int, fires: bool
+) -> None:
+    """n > 1 with prefix caching on and no cache hit: with 5–10-token prompts (under two 16-token
+    blocks) there is no full block to share; with 500–1,000-token prompts sharing is missing."""
+    history = cumulative([{"gen": 100.0, "queries": 500.0, "n_counts": counts(6, b0=1, b3=5),
+                           "prompt_len_counts": counts(PROMPT_SLOTS, **{f"b{prompt_bucket}": 6})} for _ in range(6)])
+    assert ("sharing_not_happening" in ids(diagnose(prepare(history)))) == fires
