@@ -1,5 +1,5 @@
 """Bounded load generators for the integration tests and the incident recorder: N completion
-requests at once, bursts and closed-loop clients; streaming requests log the token gaps the client
+requests at once, bursts, closed-loop clients and open-loop (Poisson) arrivals; streaming requests log the token gaps the client
 saw (the independent evidence of head-of-line blocking or a slow decode)."""
 
 from __future__ import annotations
@@ -154,6 +154,30 @@ def closed_loop(url: str, clients: Clients, num_clients: int, seconds: float, ma
         with ThreadPoolExecutor(max_workers=num_clients) as pool:
             for _ in range(num_clients):
                 pool.submit(client)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def open_loop(url: str, clients: Clients, rate_per_second: float, seconds: float, make: Callable[[], dict[str, Any]],
+              rng: random.Random) -> threading.Thread:
+    """Requests arriving as a Poisson process of ``rate_per_second`` for ``seconds``, each sent when
+    it arrives whatever is still in flight (arrivals do not wait for answers, as a public API's users
+    do not); join the thread to wait for the last answer."""
+
+    def run() -> None:
+        deadline = time.monotonic() + seconds
+        arrive = time.monotonic() + rng.expovariate(rate_per_second)
+        senders = []
+        while arrive < deadline:
+            time.sleep(max(0.0, arrive - time.monotonic()))
+            sender = threading.Thread(target=request, args=(url, clients), kwargs=make(), daemon=True)
+            sender.start()
+            senders.append(sender)
+            arrive += rng.expovariate(rate_per_second)
+        for sender in senders:
+            sender.join()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

@@ -42,9 +42,8 @@ def free_port() -> int:
 
 
 def build_tiny_model(out: Path, shape: str = "tiny") -> Path:
-    """The tiny Llama directory (``shape`` "tiny", "mid", "small", or "repeat": "tiny" with real weights
-    that always answer token 0), built with the vLLM environment's
-    ``tokenizers``."""
+    """The tiny Llama directory (``shape`` a key of ``make_tiny_model.SHAPES``, or "repeat": "tiny"
+    with real weights that always answer token 0), built with the vLLM environment's ``tokenizers``."""
     if not (out / "config.json").exists():
         subprocess.run([str(vllm_python()), str(MODEL_BUILDER), str(out), shape], check=True, capture_output=True)
     return out
