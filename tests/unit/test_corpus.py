@@ -1,12 +1,15 @@
 """The diagnosis on every labelled real-incident recording (``tests/fixtures/incidents``, recorded
 from real ``vllm serve`` by ``record.py``): the label's top finding, severity, first knob and its
-direction; the healthy ones quiet. Deterministic: the recordings are committed. Also: that the labels
-are complete and say what the recorder says, that every check a label makes can fail, and that a
-real kill-and-restart leaves no spike in the rates."""
+direction; the healthy ones quiet. The held-out split (``incidents/heldout``: recorded after the rules
+were tuned, from recipes committed before, ``heldout/RECIPES.md``) is judged alike, and no rule or
+threshold is tuned to it: a miss there is listed below, not fixed by fitting. Deterministic: the
+recordings are committed. Also: that the labels are complete and say what the recorder says, that
+every check a label makes can fail, and that a real kill-and-restart leaves no spike in the rates."""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +19,11 @@ from diagnostics.core.metrics import series
 from diagnostics.core.metrics.derive import counter_increase, counter_steps, merge_histograms, quantile_estimate
 from diagnostics.core.simulator.scenarios import SCENARIOS
 from tests.fixtures.incidents import record
-from tests.fixtures.incidents.corpus import SIMULATED, Case, cases, judge, labels, run
+from tests.fixtures.incidents.corpus import HELDOUT, SIMULATED, Case, cases, judge, labels, run
 
 CASES = list(cases())
+HELDOUT_CASES = list(cases(HELDOUT))
+HELDOUT_RECORDED = [c for c in record.HELDOUT_CASES if c.name in labels(HELDOUT)]
 
 # Cases where the diagnosis is not what the label says; each is a miss the bench reports too. Strict:
 # when the rules get it right, the entry has to go.
@@ -26,13 +31,31 @@ KNOWN_MISSES = {
     # Full cache (100 %), 18 waiting, 32 preemptions in 44 s of load: critical by the labels' rule; the
     # rule calls it critical only at one preemption a second over the whole window (0.65 here).
     "kv_pressure_memory_bytes": "severity: expected critical, got warning",
+    # Held-out. Full cache (100 %), 40 preemptions, 51 waiting, but the slow drain on a busy host makes the
+    # window 304 s long: 0.13 preemptions a second over it, under the rule's one a second.
+    "ho_kv_block32_h3": "severity: expected critical, got warning",
+    # Held-out. Full cache, 24 preemptions, 18 waiting; 0.11 a second over a 217 s window.
+    "ho_kv_bytes_wide": "severity: expected critical, got warning",
+    # Held-out. Long prompts under a 120 ms ITL budget: head_of_line_blocking is found, with the right knob,
+    # but second; slow_decode comes first (ITL p95 372 ms outside the long-prefill intervals, on a host
+    # at load average 10-14; clients' token gap p50 102 ms) and leads with --quantization.
+    "ho_hol_wide": "top: expected head_of_line_blocking, got slow_decode (forbidden)",
 }
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN_MISSES[c.name], strict=True)) if c.name in KNOWN_MISSES
-    else c for c in CASES], ids=[c.name for c in CASES])
+def _params(group: list[Case]) -> list[Any]:
+    return [pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN_MISSES[c.name], strict=True))
+            if c.name in KNOWN_MISSES else c for c in group]
+
+
+@pytest.mark.parametrize("case", _params(CASES), ids=[c.name for c in CASES])
 def test_the_diagnosis_matches_the_label(case: Case) -> None:
+    verdict = judge(run(case), case.expect, len(case.scrapes))
+    assert verdict.ok, verdict.why
+
+
+@pytest.mark.parametrize("case", _params(HELDOUT_CASES), ids=[c.name for c in HELDOUT_CASES])
+def test_the_diagnosis_matches_the_held_out_label(case: Case) -> None:
     verdict = judge(run(case), case.expect, len(case.scrapes))
     assert verdict.ok, verdict.why
 
@@ -46,13 +69,26 @@ def test_the_corpus_has_two_recordings_per_class_and_several_healthy_ones() -> N
     assert len({label["shape"] for label in labels().values()}) >= 3
 
 
+def test_the_held_out_split_covers_every_class_on_shapes_the_rules_were_not_tuned_on() -> None:
+    held_out = labels(HELDOUT).values()
+    per_class = Counter(label["class"] for label in held_out)
+    for incident in ("queue_at_cap", "kv_pressure", "sharing_off", "head_of_line", "slow_decode", "stall", "outage",
+                     "hung_rank", "admission", "deferred", "spec_decode", "asleep"):
+        assert per_class[incident] >= 1, per_class
+    tuned_shapes = {label["shape"] for label in labels().values()}
+    assert len({label["shape"] for label in held_out} - tuned_shapes) >= 3
+
+
 def _judged(expect: dict[str, Any]) -> bool:
     return not expect.get("quiet") and not expect.get("no_advice")
 
 
-@pytest.mark.parametrize("name", sorted(labels()))
-def test_every_label_names_the_severity_and_the_first_knob(name: str) -> None:
-    label = labels()[name]
+ALL_LABELS = [(folder, name) for folder in (record.HERE, HELDOUT) for name in sorted(labels(folder))]
+
+
+@pytest.mark.parametrize(("folder", "name"), ALL_LABELS, ids=[name for _, name in ALL_LABELS])
+def test_every_label_names_the_severity_and_the_first_knob(folder: Path, name: str) -> None:
+    label = labels(folder)[name]
     for expect in [label["expect"]] + [w["expect"] for w in label["windows"]]:
         if _judged(expect):
             assert expect["severity"] in ("critical", "warning"), expect
@@ -68,33 +104,38 @@ def test_every_simulator_scenario_is_labelled_with_its_severity_and_first_knob()
             assert label["expect"]["severity"] in ("critical", "warning") and "flag" in label["expect"], name
 
 
-@pytest.mark.parametrize("case", record.CASES, ids=[c.name for c in record.CASES])
-def test_labels_json_says_what_the_recorder_says(case: record.Case) -> None:
+# Every recorded case of both sets with the folder of its labels (a held-out recipe whose runs never
+# showed their condition has no label: the README's held-out section names it).
+RECORDED = [(record.HERE, c) for c in record.CASES] + [(HELDOUT, c) for c in HELDOUT_RECORDED]
+
+
+@pytest.mark.parametrize(("folder", "case"), RECORDED, ids=[c.name for _, c in RECORDED])
+def test_labels_json_says_what_the_recorder_says(folder: Path, case: record.Case) -> None:
     """``labels.json`` is written from ``record.CASES`` (``record --relabel``): they must not drift."""
-    label = labels()[case.name]
+    label = labels(folder)[case.name]
     assert {k: label[k] for k in record._label(case)} == record._label(case)
 
 
-@pytest.mark.parametrize("name", sorted(labels()))
-def test_every_labelled_run_showed_its_condition_to_the_clients(name: str) -> None:
+@pytest.mark.parametrize(("folder", "case"), RECORDED, ids=[c.name for _, c in RECORDED])
+def test_every_labelled_run_showed_its_condition_to_the_clients(folder: Path, case: record.Case) -> None:
     """Judged on what the load generator's own clients saw, independent of the diagnosis: the same
     check the recorder applied before it kept the recording (``Case.shows``)."""
-    label = labels()[name]
+    label = labels(folder)[case.name]
     assert label["clients"]["requests"] > 0
     if label["class"] == "admission":
         assert label["clients"]["failed"] > 0, label["clients"]  # the 503s are the incident
     elif label["class"] not in ("outage", "stall"):
         assert label["clients"]["failed"] == 0, label["clients"]
-    assert record.BY_NAME[name].shows(label), (name, label["clients"])
+    assert case.shows(label), (case.name, label["clients"])
 
 
-@pytest.mark.parametrize("case", record.CASES, ids=[c.name for c in record.CASES])
-def test_no_case_counts_a_run_whose_clients_saw_nothing(case: record.Case) -> None:
+@pytest.mark.parametrize(("folder", "case"), RECORDED, ids=[c.name for _, c in RECORDED])
+def test_no_case_counts_a_run_whose_clients_saw_nothing(folder: Path, case: record.Case) -> None:
     """Every ``shows`` reads the clients' evidence: a run that sent nothing and saw no token shows
     nothing (the recorder would run it again)."""
     nothing = {"clients": {"requests": 0, "ok": 0, "failed": 0, "token_gaps": 0, "gap_p50_s": None,
                            "gap_p90_s": None, "gap_p99_s": None, "gap_max_s": None, "request_max_s": None},
-               "events": labels()[case.name]["events"], "gap_timeline": []}
+               "events": labels(folder)[case.name]["events"], "gap_timeline": []}
     assert not case.shows(nothing)
 
 
