@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration import load
+from tests.integration.recorded import record_while
 from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -43,6 +45,7 @@ def renamed_text() -> str:
     """The same payload in the pre-0.9 spellings (see fixtures/make_renamed.py)."""
     return fixture_text("metrics-0.8-renamed.txt")
 
+TINY_BURST_PROMPT = list(range(11, 21))  # token ids: the same 10-token prompt in every request of the burst
 TINY_ARGS = ("--num-gpu-blocks-override", "12", "--gpu-memory-utilization", "0.3", "--max-model-len", "1024")
 
 
@@ -70,6 +73,32 @@ def vllm_main(vllm_servers: dict[str, VllmServer]) -> VllmServer:
 @pytest.fixture(scope="session")
 def vllm_tiny(vllm_servers: dict[str, VllmServer]) -> VllmServer:
     return vllm_servers["tiny"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _revive_killed_servers(request: pytest.FixtureRequest) -> None:
+    """A test may kill a shared server (a crash is a condition to test): it is started again before
+    the next module that uses it, and never for nothing."""
+    for name in ("vllm_main", "vllm_tiny"):
+        if any(name in item.fixturenames for item in request.session.items
+               if getattr(item, "module", None) is request.module):
+            server: VllmServer = request.getfixturevalue(name)
+            if server.proc is not None and server.proc.poll() is not None:
+                server.start().wait_ready()
+
+
+@pytest.fixture(scope="session")
+def tiny_burst(vllm_tiny: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real recording (0.25 s scrapes, 1 s idle either side) of 30 requests of 200 tokens sent
+    at once to the 12-block server: waiting, a full KV cache and preemption. Recorded once, read by
+    the collector test, the diagnosis test and the simulator's fidelity test alike."""
+    path = tmp_path_factory.mktemp("tiny-burst") / "burst.jsonl.gz"
+    statuses: list[int] = []
+    record_while(vllm_tiny.url, path, lambda: statuses.extend(
+        load.completions(vllm_tiny.url, 30, prompt=TINY_BURST_PROMPT, max_tokens=200, timeout=600)),
+        interval=0.25, before=1.0, after=1.0)
+    assert statuses == [200] * 30, statuses
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,7 @@
-"""The browser fixtures every e2e test shares: Debian's Chromium under Playwright, one per module."""
+"""The browser fixtures every e2e test shares: Debian's Chromium under Playwright, one per module.
+
+Every wait for the page is a minute by default (Playwright's 5 s measured the host's load, not the
+app: a busy 2-core machine renders a page of charts in tens of seconds); a wait is never the claim."""
 
 from __future__ import annotations
 
@@ -7,11 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("ARTIFACTS_DIR", ROOT / "test-artifacts"))
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+WAIT_MS = 60_000
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +23,7 @@ def browser() -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install chromium (./scripts/test.sh does)")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    expect.set_options(timeout=WAIT_MS)
     with sync_playwright() as p:
         b = p.chromium.launch(
             executable_path=CHROMIUM,
@@ -29,9 +34,16 @@ def browser() -> Iterator[Browser]:
         b.close()
 
 
+def new_page(browser: Browser) -> Page:
+    """A tall page (every chart of a page in one screenshot) that waits as long as ``expect`` does."""
+    pg = browser.new_page(viewport={"width": 1500, "height": 2400})
+    pg.set_default_timeout(WAIT_MS)
+    return pg
+
+
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
-    pg = browser.new_page(viewport={"width": 1500, "height": 2400})
+    pg = new_page(browser)
     yield pg
     pg.close()
 

@@ -30,7 +30,7 @@ def streamlit_app(env: Mapping[str, str], log_path: Path) -> Iterator[str]:
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 180  # a busy host takes long to import Streamlit
             while time.monotonic() < deadline:
                 try:
                     if httpx.get(url + "/_stcore/health", timeout=1).status_code == 200:

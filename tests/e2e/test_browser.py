@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 import re
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.conftest import wait_for
 from tests.e2e.streamlit_app import streamlit_app
 from tests.integration import load
 from tests.integration.vllm_server import VllmServer
@@ -45,7 +46,7 @@ def metric_value(page: Page, label: str) -> str:
 
 def test_overview_shows_the_real_server(page: Page, streamlit_url: str) -> None:
     page.goto(streamlit_url)
-    expect(page.get_by_text("Up ·", exact=False).first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("Up ·", exact=False).first).to_be_visible()
     expect(page.get_by_text("0.32.0").first).to_be_visible()
     assert metric_value(page, "Block size") == "128 tokens"
     assert metric_value(page, "num_gpu_blocks") == "1,024"
@@ -54,17 +55,25 @@ def test_overview_shows_the_real_server(page: Page, streamlit_url: str) -> None:
 
 def test_live_numbers_move_during_a_burst(page: Page, streamlit_url: str, vllm_main: VllmServer) -> None:
     page.goto(streamlit_url + "/Live")
-    expect(page.get_by_text("KV-cache block usage").first).to_be_visible(timeout=30_000)
-    thread, _ = load.in_background(vllm_main.url, 40, max_tokens=1000, concurrency=40)
+    expect(page.get_by_text("KV-cache block usage").first).to_be_visible()
+    # 40 clients in a closed loop until the panel has moved: load for as long as the page needs,
+    # however fast the server drains a fixed burst.
+    clients, stop = load.Clients(), threading.Event()
+    thread = load.closed_loop(vllm_main.url, clients, 40, 180.0, lambda: {"prompt": "decode " * 8, "max_tokens": 200},
+                              stop=stop)
     seen: set[str] = set()
-    deadline = time.monotonic() + 40
-    while time.monotonic() < deadline and thread.is_alive():
+
+    def moved() -> bool:
         seen.add(metric_value(page, "Generation tok/s"))
-        if len(seen) >= 3 and any(re.match(r"[1-9]", v) for v in seen):
-            break
-        time.sleep(0.5)
-    shoot(page, "live-burst.png")
-    thread.join(120)
+        return len(seen) >= 3 and any(re.match(r"[1-9]", v) for v in seen)
+
+    try:
+        wait_for(moved, timeout=120, step=0.5)
+        shoot(page, "live-burst.png")
+    finally:
+        stop.set()
+        thread.join(300)
+    assert set(clients.statuses) == {200}, clients.summary()
     assert any(re.match(r"[1-9]", v) for v in seen), seen
     assert len(seen) >= 3, seen
     # KV, queue, prefix, throughput, TTFT, ITL at least (e2e and queue time need finished requests).
@@ -73,9 +82,9 @@ def test_live_numbers_move_during_a_burst(page: Page, streamlit_url: str, vllm_m
 
 def test_replay_page_opens_a_recording(page: Page, streamlit_url: str) -> None:
     page.goto(streamlit_url + "/Replay")
-    expect(page.get_by_text("Upload a recording").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("Upload a recording").first).to_be_visible()
     page.locator('input[type="file"]').set_input_files(str(RECORDING))
-    expect(page.get_by_text("31 scrapes").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("31 scrapes").first).to_be_visible()
     expect(page.locator(".js-plotly-plot").first).to_be_visible()
     page.wait_for_timeout(1500)
     shoot(page, "replay.png")
@@ -90,29 +99,26 @@ def test_a_target_that_dies_turns_the_banner_and_keeps_the_charts(
     url_box = page.get_by_label("vLLM URL")
     url_box.fill(vllm_tiny.url)
     url_box.press("Enter")
-    expect(page.get_by_text(f"Up · {vllm_tiny.url}").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text(f"Up · {vllm_tiny.url}").first).to_be_visible()
     load.completions(vllm_tiny.url, 10, max_tokens=32)
     page.wait_for_timeout(3000)
-    vllm_tiny.kill9()
-    try:
-        expect(page.get_by_text("Down ·").first).to_be_visible(timeout=15_000)
-        expect(page.get_by_text("cannot reach").first).to_be_visible()
-        assert page.locator(".js-plotly-plot").count() >= 4
-        shoot(page, "live-target-down.png")
-    finally:
-        vllm_tiny.start().wait_ready()
+    vllm_tiny.kill9()  # the next module that needs the server starts it again (tests/conftest.py)
+    expect(page.get_by_text("Down ·").first).to_be_visible()
+    expect(page.get_by_text("cannot reach").first).to_be_visible()
+    assert page.locator(".js-plotly-plot").count() >= 4
+    shoot(page, "live-target-down.png")
 
 
 def _diagnose_recording(page: Page, url: str, recording: Path) -> None:
     page.goto(url + "/Diagnose")
-    expect(page.get_by_text("Knob table").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("Knob table").first).to_be_visible()
     page.get_by_text("a recording", exact=True).first.click()
     page.locator('input[type="file"]').set_input_files(str(recording))
 
 
 def test_diagnose_page_names_the_knob_for_a_recording(page: Page, streamlit_url: str) -> None:
     _diagnose_recording(page, streamlit_url, RECORDING)
-    expect(page.get_by_text("KV-cache pressure").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("KV-cache pressure").first).to_be_visible()
     # The recorded server pinned its KV cache (--num-gpu-blocks-override 12): the diff raises the pin.
     expect(page.get_by_text("--num-gpu-blocks-override 18").first).to_be_visible()
     expect(page.get_by_text("--gpu-memory-utilization 0.35")).to_have_count(0)
@@ -122,7 +128,7 @@ def test_diagnose_page_names_the_knob_for_a_recording(page: Page, streamlit_url:
 
 def test_diagnose_page_names_head_of_line_blocking_on_a_real_incident(page: Page, streamlit_url: str) -> None:
     _diagnose_recording(page, streamlit_url, ROOT / "tests" / "fixtures" / "incidents" / "hol_p99_only.jsonl.gz")
-    expect(page.get_by_text("Head-of-line blocking").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("Head-of-line blocking").first).to_be_visible()
     expect(page.get_by_text("--max-num-batched-tokens").first).to_be_visible()
     page.wait_for_timeout(1000)
     shoot(page, "diagnose-head-of-line.png")
@@ -130,13 +136,13 @@ def test_diagnose_page_names_head_of_line_blocking_on_a_real_incident(page: Page
 
 def test_paged_attention_and_capacity_pages(page: Page, streamlit_url: str) -> None:
     page.goto(streamlit_url + "/PagedAttention")
-    expect(page.get_by_text("1 · Block size is a trade-off").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("1 · Block size is a trade-off").first).to_be_visible()
     expect(page.get_by_text("130", exact=True).first).to_be_visible()
     page.wait_for_timeout(1000)
     shoot(page, "paged-attention.png")
     page.goto(streamlit_url + "/Capacity")
-    expect(page.get_by_text("72.0 GB").first).to_be_visible(timeout=30_000)
-    expect(page.get_by_text("= the server's kv_cache_size_tokens").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("72.0 GB").first).to_be_visible()
+    expect(page.get_by_text("= the server's kv_cache_size_tokens").first).to_be_visible()
     shoot(page, "capacity.png")
 
 
@@ -144,9 +150,9 @@ def test_a_real_hung_rank_shows_engines_side_by_side_and_is_named(page: Page, st
     """The real --data-parallel-size 2 recording whose rank 1 was SIGSTOPped (see labels.json)."""
     recording = ROOT / "tests" / "fixtures" / "incidents" / "hung_rank_dp2.jsonl.gz"
     page.goto(streamlit_url + "/Replay")
-    expect(page.get_by_text("Upload a recording").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("Upload a recording").first).to_be_visible()
     page.locator('input[type="file"]').set_input_files(str(recording))
-    expect(page.get_by_text("Engines side by side").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("Engines side by side").first).to_be_visible()
     for title in ("KV-cache usage by engine", "Generated tokens by engine", "Running by engine", "Waiting by engine"):
         expect(page.locator(".js-plotly-plot", has_text=title)).to_have_count(1)
     # Both engines are drawn as lines in the tokens chart (legend entries).
@@ -156,7 +162,7 @@ def test_a_real_hung_rank_shows_engines_side_by_side_and_is_named(page: Page, st
     page.wait_for_timeout(1500)
     shoot(page, "replay-engines-side-by-side.png")
     _diagnose_recording(page, streamlit_url, recording)
-    expect(page.get_by_text("Hung rank: engine 1").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("Hung rank: engine 1").first).to_be_visible()
     expect(page.get_by_text("EngineCore_DP1").first).to_be_visible()
     page.wait_for_timeout(1000)
     shoot(page, "diagnose-hung-rank.png")
@@ -165,14 +171,14 @@ def test_a_real_hung_rank_shows_engines_side_by_side_and_is_named(page: Page, st
 def test_rejections_are_marked_on_the_queue_and_deferred_waiting_names_max_loras(page: Page, streamlit_url: str) -> None:
     incidents = ROOT / "tests" / "fixtures" / "incidents"
     page.goto(streamlit_url + "/Replay")
-    expect(page.get_by_text("Upload a recording").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("Upload a recording").first).to_be_visible()
     page.locator('input[type="file"]').set_input_files(str(incidents / "admission_queued_reqs.jsonl.gz"))
     queue = page.locator(".js-plotly-plot", has_text="Queue depth")
-    expect(queue.get_by_text("rejected (HTTP 503)")).to_have_count(1, timeout=30_000)
+    expect(queue.get_by_text("rejected (HTTP 503)")).to_have_count(1)
     page.wait_for_timeout(1500)
     shoot(page, "replay-admission-rejections.png")
     _diagnose_recording(page, streamlit_url, incidents / "deferred_lora.jsonl.gz")
-    expect(page.get_by_text("Requests wait for a LoRA slot").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("Requests wait for a LoRA slot").first).to_be_visible()
     expect(page.get_by_text(re.compile(r"--max-loras 2\b")).first).to_be_visible()
     page.wait_for_timeout(1000)
     shoot(page, "diagnose-deferred-lora.png")
@@ -181,11 +187,11 @@ def test_rejections_are_marked_on_the_queue_and_deferred_waiting_names_max_loras
 def test_speculation_and_the_roofline_are_drawn_from_a_real_recording(page: Page, streamlit_url: str) -> None:
     """The real n-gram speculation recording (drafts rejected), with --enable-mfu-metrics."""
     page.goto(streamlit_url + "/Replay")
-    expect(page.get_by_text("Upload a recording").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("Upload a recording").first).to_be_visible()
     page.locator('input[type="file"]').set_input_files(
         str(ROOT / "tests" / "fixtures" / "incidents" / "spec_ngram_rejected.jsonl.gz"))
     spec = page.locator(".js-plotly-plot", has_text="Speculative decoding: draft acceptance")
-    expect(spec).to_have_count(1, timeout=30_000)
+    expect(spec).to_have_count(1)
     for name in ("all draft tokens", "position 0", "position 1", "position 2"):
         expect(spec.get_by_text(name, exact=True)).to_have_count(1)
     expect(page.locator(".js-plotly-plot", has_text="Work per GPU (vLLM's estimate)")).to_have_count(1)

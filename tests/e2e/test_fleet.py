@@ -66,13 +66,13 @@ def test_fleet_page_lists_both_and_opens_an_instance(
     live_link = real_row[1]
     assert live_link.startswith("/Live?")
     page.goto(url + live_link)
-    expect(page.get_by_text(re.compile(rf"Up · {re.escape(real)} \(via Prometheus")).first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text(re.compile(rf"Up · {re.escape(real)} \(via Prometheus")).first).to_be_visible()
     expect(page.get_by_text("KV-cache block usage").first).to_be_visible()
     shoot(page, "fleet-instance-live.png")
 
     assert sim_row[2].startswith("/Diagnose?")
     page.goto(url + sim_row[2])
-    expect(page.get_by_text("KV-cache pressure").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("KV-cache pressure").first).to_be_visible()
     expect(page.get_by_text(re.compile(r"findings over [1-9]\d* scrapes")).first).to_be_visible()
     shoot(page, "fleet-instance-diagnose.png")
 
@@ -84,7 +84,7 @@ def test_prometheus_going_away_keeps_the_last_answer(page: Page, fleet: tuple[st
                                                                                                                  timeout=60_000)
     prom.stop()
     try:
-        expect(page.get_by_text("is unreachable").first).to_be_visible(timeout=40_000)
+        expect(page.get_by_text("is unreachable").first).to_be_visible()
         expect(page.get_by_text("Showing what Prometheus answered at").first).to_be_visible()
         expect(page.locator('[role="gridcell"]').filter(has_text=re.compile(f"^{re.escape(sim)}$"))).to_have_count(1)
         shoot(page, "fleet-prometheus-down.png")

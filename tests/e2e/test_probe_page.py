@@ -36,15 +36,14 @@ def app_on_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def run_probe(page: Page) -> None:
     start = page.get_by_role("button", name="Start probe")
-    expect(start).to_be_visible(timeout=30_000)
+    expect(start).to_be_visible()
     page.get_by_text("I mean to add this load", exact=False).first.click()
     start.click()
 
 
 def test_a_probe_on_the_real_server_over_the_live_charts(page: Page, app_on_real: str) -> None:
     page.goto(app_on_real + "/Probe")
-    expect(page.get_by_text("I mean to add this load: 8 concurrent clients sending 32 requests").first).to_be_visible(
-        timeout=30_000)
+    expect(page.get_by_text("I mean to add this load: 8 concurrent clients sending 32 requests").first).to_be_visible()
     # Without the tick, nothing is sent.
     page.get_by_role("button", name="Start probe").click()
     expect(page.get_by_text("Tick the box that names the load first").first).to_be_visible()
@@ -57,7 +56,7 @@ def test_a_probe_on_the_real_server_over_the_live_charts(page: Page, app_on_real
     cells = page.locator('[role="gridcell"]')
     for row in ("TTFT p50", "ITL p95", "e2e p99"):
         expect(cells.filter(has_text=re.compile(f"^{row}$"))).to_have_count(1)
-    expect(page.locator(".js-plotly-plot")).to_have_count(6, timeout=30_000)  # 3 distributions, 3 engine charts
+    expect(page.locator(".js-plotly-plot")).to_have_count(6)  # 3 distributions, 3 engine charts
     # The probe's run is shaded on each engine chart (a rectangle in the shape layer).
     expect(page.locator(".js-plotly-plot .shapelayer path")).to_have_count(3)
     page.wait_for_timeout(1500)

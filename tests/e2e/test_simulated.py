@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, expect
 
+from tests.e2e.conftest import new_page
 from tests.e2e.streamlit_app import streamlit_app
 from tests.e2e.test_browser import shoot
 
@@ -26,23 +27,23 @@ def bare_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_no_url_shows_the_simulation_and_a_scenario_symptom_then_its_knob(browser: Browser, bare_app: str) -> None:  # noqa: F811
-    page = browser.new_page(viewport={"width": 1500, "height": 2400})
+    page = new_page(browser)
     try:
         page.goto(bare_app)
-        expect(page.get_by_text("Simulated engine").first).to_be_visible(timeout=30_000)
-        expect(page.get_by_text("Up ·").first).to_be_visible(timeout=30_000)
+        expect(page.get_by_text("Simulated engine").first).to_be_visible()
+        expect(page.get_by_text("Up ·").first).to_be_visible()
         page.get_by_role("combobox", name="Scenario").click()
         page.get_by_role("option", name="KV pressure with preemption").click()
-        expect(page.get_by_text("KV cache full, requests preempted").first).to_be_visible(timeout=10_000)
+        expect(page.get_by_text("KV cache full, requests preempted").first).to_be_visible()
         page.goto(bare_app + "/Live")
-        expect(page.get_by_text("KV-cache block usage").first).to_be_visible(timeout=30_000)
+        expect(page.get_by_text("KV-cache block usage").first).to_be_visible()
         page.wait_for_timeout(25_000)
         shoot(page, "simulated-kv-pressure-live.png")
         page.goto(bare_app + "/Diagnose")
-        expect(page.get_by_text("KV-cache pressure").first).to_be_visible(timeout=40_000)
+        expect(page.get_by_text("KV-cache pressure").first).to_be_visible(timeout=90_000)
         expect(page.get_by_text("kv_pressure", exact=True).first).to_be_visible()
         # The suggested change carries its predicted effect (the simulated engine replaying the window).
-        expect(page.get_by_text("Predicted:").first).to_be_visible(timeout=40_000)
+        expect(page.get_by_text("Predicted:").first).to_be_visible()
         page.wait_for_timeout(3000)  # let the charts and tables finish drawing before the screenshot
         shoot(page, "simulated-kv-pressure-diagnose.png")
     finally:

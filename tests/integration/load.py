@@ -31,7 +31,7 @@ def completions(
     url: str,
     num_requests: int,
     *,
-    prompt: str = "block cache token prefill decode queue engine server memory",
+    prompt: str | list[int] = "block cache token prefill decode queue engine server memory",
     max_tokens: int = 64,
     n: int = 1,
     concurrency: int | None = None,
@@ -141,13 +141,14 @@ def burst(url: str, clients: Clients, count: int, **kw: Any) -> threading.Thread
 
 
 def closed_loop(url: str, clients: Clients, num_clients: int, seconds: float, make: Callable[[], dict[str, Any]],
-                ) -> threading.Thread:
+                stop: threading.Event | None = None) -> threading.Thread:
     """``num_clients`` clients, each sending its next request when the last one answered, until
-    ``seconds`` have passed (requests in flight then finish)."""
+    ``seconds`` have passed or ``stop`` is set (requests in flight then finish)."""
     deadline = time.monotonic() + seconds
+    stop = stop or threading.Event()
 
     def client() -> None:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stop.is_set():
             request(url, clients, **make())
 
     def run() -> None:

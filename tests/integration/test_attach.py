@@ -72,19 +72,15 @@ def test_running_moves_under_a_30_request_burst(vllm_main: VllmServer) -> None:
     assert state.quantile("inter_token_latency_seconds", 0.95) is not None
 
 
-def test_waiting_moves_when_the_kv_budget_is_tiny(vllm_tiny: VllmServer) -> None:
-    collector = collector_for(vllm_tiny)
-    thread, results = load.in_background(vllm_tiny.url, 30, max_tokens=200)
-    thread.join(180)
-    time.sleep(0.6)
-    collector.stop()
-    snaps = [s.snapshot for s in collector.history() if s.snapshot]
-    assert results == [200] * 30
+def test_waiting_moves_when_the_kv_budget_is_tiny(tiny_burst: Path) -> None:
+    """The shared recording of a 30-request burst on the 12-block server (tests/conftest.py)."""
+    history = read_recording(tiny_burst).scrapes()
+    snaps = [s.snapshot for s in history if s.snapshot]
     assert max(s.value("num_requests_waiting") or 0 for s in snaps) > 0
     assert max(s.value("kv_cache_usage_perc") or 0 for s in snaps) >= 0.99
     preempted = [s.value("num_preemptions") or 0 for s in snaps]
     assert preempted[-1] > preempted[0]
-    assert derive_state(collector.history(), 120).num_preemptions_rate > 0
+    assert derive_state(history, history[-1].ts - history[0].ts).num_preemptions_rate > 0  # the whole burst
 
 
 def test_windowed_prefix_hit_rate_rises_when_a_long_prompt_repeats(vllm_main: VllmServer) -> None:
@@ -107,21 +103,21 @@ def test_windowed_prefix_hit_rate_rises_when_a_long_prompt_repeats(vllm_main: Vl
 
 
 def test_kill9_then_restart_keeps_history_and_gives_no_negative_rate(vllm_tiny: VllmServer, tmp_path: Path) -> None:
-    interval = 0.5
-    collector = collector_for(vllm_tiny, interval)
+    collector = collector_for(vllm_tiny, 0.5)
     load.completions(vllm_tiny.url, 4, max_tokens=16)
     assert wait_for(lambda: collector.status().state == "up")
     time.sleep(1.0)
     before = len(collector.history())
     vllm_tiny.kill9()
-    killed_at = time.time()
-    assert wait_for(lambda: collector.status().state == "down", timeout=2 * interval + 2.5)
-    status = collector.status()
-    assert status.since is not None and status.since - killed_at <= 2 * interval + 0.1
-    assert len(collector.history()) >= before
+    assert wait_for(lambda: collector.status().state == "down")
+    # Down since its first failed scrape (how soon that came after the kill is the machine's
+    # business: the collector's pacing is tests/unit/test_collector.py's, on a fake clock).
+    status, history = collector.status(), collector.history()
+    first_failed = next(s for s in history[before:] if s.snapshot is None)
+    assert status.since == first_failed.ts and all(s.snapshot is not None for s in history[:before])
     vllm_tiny.start().wait_ready()
     load.completions(vllm_tiny.url, 2, max_tokens=16)
-    assert wait_for(lambda: collector.status().state == "up", timeout=10)
+    assert wait_for(lambda: collector.status().state == "up")
     time.sleep(1.5)
     collector.stop()
     history = collector.history()
@@ -153,7 +149,7 @@ def test_cli_record_then_status_as_a_user_types_them(vllm_main: VllmServer, tmp_
          "--interval", "0.5", "--out", str(out)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert wait_for(lambda: out.exists() and out.stat().st_size > 0, timeout=20)
+    assert wait_for(lambda: out.exists() and out.stat().st_size > 0)
     load.completions(vllm_main.url, 20, max_tokens=128)
     _, stderr = recorder.communicate(timeout=60)
     rec = subprocess.CompletedProcess(recorder.args, recorder.returncode, "", stderr)
@@ -199,7 +195,7 @@ def test_cli_refuses_a_prometheus_endpoint_that_is_not_vllm(tmp_path: Path) -> N
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        assert wait_for(lambda: cli("status", "--url", f"http://127.0.0.1:{port}").returncode != 3, timeout=10)
+        assert wait_for(lambda: cli("status", "--url", f"http://127.0.0.1:{port}").returncode != 3)
         result = cli("status", "--url", f"http://127.0.0.1:{port}")
         assert result.returncode == 4 and "no vllm: metrics" in result.stderr
     finally:

@@ -1,11 +1,19 @@
 """Each rule fires on a real recording of a real vllm serve under the condition it detects, and the
-CLI's advice names the right knob and direction; a healthy recording yields no warning."""
+CLI's advice names the right knob and direction; a healthy recording yields no warning.
+
+The servers a condition needs start together, once for the module (a server start is most of a
+real-server test's time): a concurrency cap of 4 with an admission limit, prefix caching off with
+the sleep endpoints, a 4-layer model whose long prefills stall decodes, and LoRA with one slot. A
+workload runs for a fixed time or grows until the server's own gauges show its condition, so a
+fast host and a busy one both produce it; a run that did not is repeated and says so."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import signal
+import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,11 +22,13 @@ from typing import Any
 import httpx
 import pytest
 
-from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.catalog import Snapshot, parse_snapshot
+from diagnostics.core.metrics.derive import Scrape, count_above, histogram_delta
 from diagnostics.recording import read_recording
+from tests.conftest import wait_for
 from tests.integration import load
-from tests.integration.recorded import diagnose_json, record_while
-from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_model
+from tests.integration.recorded import cli_json, diagnose_json, record_while
+from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_lora, build_tiny_model
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,15 +39,18 @@ WORDS = ("block cache token prefill decode queue engine server memory page table
 
 @pytest.fixture(scope="module")
 def condition_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
-    """Three more servers, started in parallel: a concurrency cap of 4, prefix caching off, and a
-    4-layer ("mid") model whose long prefills take long enough to stall decodes."""
-    work = tmp_path_factory.mktemp("conditions")
+    """The module's servers, started in parallel. The cap of 4 is killed by the module's last test."""
+    work = tmp_path_factory.mktemp("conditions")  # short: vLLM's IPC socket path must fit in 107 characters
     mid = build_tiny_model(work / "mid-model", "mid")
+    lora = build_tiny_lora(work / "lora")
     servers = {
-        "cap4": VllmServer(tiny_model, work / "cap4", ("--max-num-seqs", "4")).start(),
-        "noprefix": VllmServer(tiny_model, work / "noprefix", ("--no-enable-prefix-caching",)).start(),
+        "cap4": VllmServer(tiny_model, work / "cap4", ("--max-num-seqs", "4", "--max-num-queued-reqs", "8")).start(),
+        "noprefix": VllmServer(tiny_model, work / "noprefix", ("--no-enable-prefix-caching",),
+                               env={"VLLM_SERVER_DEV_MODE": "1"}).start(),
         # A 1,200-token prompt prefills in one step under this budget: a few hundred ms on 2 cores.
         "mid": VllmServer(mid, work / "mid", ("--max-num-batched-tokens", "4096")).start(),
+        "lora": VllmServer(tiny_model, work / "lora-server", ("--enable-lora", "--max-loras", "1", "--max-lora-rank",
+                                                                "8", "--lora-modules", f"a={lora}", f"b={lora}")).start(),
     }
     with all_ready(servers):
         yield servers
@@ -58,6 +71,26 @@ def _seconds_queued_at(path: Path, cap: int) -> float:
             waiting = (snap.by_label("num_requests_waiting_by_reason") or {}).get("capacity", 0.0)
             points.append((scrape.ts, waiting > 0 and snap.value("num_requests_running") == cap))
     return sum(b[0] - a[0] for a, b in zip(points, points[1:]) if a[1] and b[1])
+
+
+def _seconds_deferred(path: Path) -> float:
+    """How long the raw gauge shows requests waiting with reason "deferred" (consecutive scrapes)."""
+    points = [(s.ts, (s.snapshot.by_label("num_requests_waiting_by_reason") or {}).get("deferred", 0.0) > 0)
+              for s in read_recording(path).scrapes() if s.snapshot is not None]
+    return sum(b[0] - a[0] for a, b in zip(points, points[1:]) if a[1] and b[1])
+
+
+def _itl_bounds(path: Path) -> tuple[float, ...]:
+    """The bucket bounds of the server's ITL histogram in a recording."""
+    hist = next(s.snapshot.histogram("inter_token_latency_seconds") for s in read_recording(path).scrapes()
+                if s.snapshot is not None)
+    assert hist is not None
+    return hist.bounds
+
+
+def scrape(server: VllmServer) -> Snapshot:
+    """What ``server``'s /metrics answers now."""
+    return parse_snapshot(httpx.get(server.url + "/metrics", timeout=30).text)
 
 
 def diagnose_cli(*args: str) -> tuple[int, list[dict[str, Any]]]:
@@ -86,18 +119,24 @@ def test_healthy_recording_yields_no_warning(vllm_main: VllmServer, tmp_path: Pa
 
 
 def test_queue_at_the_cap_says_raise_max_num_seqs(condition_servers: dict[str, VllmServer], tmp_path: Path) -> None:
-    """40 requests against a cap of 4. Whether they really queued at the cap is judged from the raw
-    gauges (not from the diagnosis); a run where they did not is repeated, three such runs fail."""
+    """7 closed-loop clients against a cap of 4 for 8 s: 3 wait whenever 4 run, however fast the
+    machine answers (a fixed burst drained in 4 s on a fast host and took minutes on a busy one);
+    never more than 7 in the server, so its admission limit of 8 turns none away.
+    Whether they really queued at the cap is judged from the raw gauges (not from the diagnosis); a
+    run where they did not is repeated and says so, three such runs fail."""
     server = condition_servers["cap4"]
     seen: list[float] = []
     for attempt in range(3):
-        path = record(server, tmp_path / f"cap-{attempt}.jsonl.gz",
-                      lambda: load.completions(server.url, 40, max_tokens=256))
+        clients = load.Clients()
+        path = record(server, tmp_path / f"cap-{attempt}.jsonl.gz", lambda clients=clients: load.closed_loop(
+            server.url, clients, 7, 8.0, lambda: {"prompt": "block cache token prefill", "max_tokens": 64}).join(300))
         seen.append(_seconds_queued_at(path, cap=4))
         if seen[-1] >= 5.0:
             break
+        print(f"retrying: the gauges showed requests queued at the cap for {seen[-1]:.1f} s of the 5 s needed")
     else:
-        pytest.fail(f"in 3 runs, 40 requests never queued at a cap of 4 for 5 s: {seen}")
+        pytest.fail(f"in 3 runs, 7 clients never queued at a cap of 4 for 5 s: {seen}")
+    assert set(clients.statuses) == {200}, clients.summary()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(path, ARTIFACTS / "recording-queue-at-cap.jsonl.gz")  # to read back when this fails
     code, findings = diagnose_cli("--replay", str(path))
@@ -108,9 +147,9 @@ def test_queue_at_the_cap_says_raise_max_num_seqs(condition_servers: dict[str, V
     assert "kv_pressure" not in [x["id"] for x in findings]
 
 
-def test_tiny_block_budget_says_more_kv_never_more_seqs(vllm_tiny: VllmServer, tmp_path: Path) -> None:
-    path = record(vllm_tiny, tmp_path / "kv.jsonl.gz", lambda: load.completions(vllm_tiny.url, 30, max_tokens=200))
-    code, findings = diagnose_cli("--replay", str(path))
+def test_tiny_block_budget_says_more_kv_never_more_seqs(tiny_burst: Path) -> None:
+    """The shared recording of a 30-request burst on the 12-block server (tests/conftest.py)."""
+    code, findings = diagnose_cli("--replay", str(tiny_burst))
     f = by_id(findings, "kv_pressure")
     assert code >= 1 and f["evidence"]["preemptions"] > 0 and f["evidence"]["max_kv_cache_usage_perc"] >= 0.95
     flags = advice(f)
@@ -135,40 +174,100 @@ def test_n8_without_prefix_caching_says_enable_it(condition_servers: dict[str, V
     assert f["evidence"]["mean_n"] == pytest.approx(8.0)
 
 
+def test_a_sleeping_engine_is_named_asleep_not_stalled_and_serves_again_once_woken(
+    condition_servers: dict[str, VllmServer], tmp_path: Path
+) -> None:
+    """``POST /sleep?level=0&mode=keep`` (scheduling paused with the requests kept, so they wait as
+    in a stall; level 0 is the only level the CPU build accepts, levels 1 and 2 need a GPU's memory
+    pool) while clients stream. vLLM then exports ``engine_sleep_state`` awake = 0 with neither level
+    set. The diagnosis says the engine is asleep (critical, how to wake it), never a stall;
+    ``status`` shows it; once woken the requests that waited finish and the state reads awake."""
+    server = condition_servers["noprefix"]  # started with VLLM_SERVER_DEV_MODE=1: /sleep and /wake_up
+    path = tmp_path / "asleep.jsonl.gz"
+    clients = load.Clients()
+    streams: list[threading.Thread] = []
+
+    def sleep_under_load() -> None:
+        streams.append(load.closed_loop(server.url, clients, 3, 4.0, lambda: {
+            "prompt": "block cache token " * 4, "max_tokens": 48, "stream": True}))
+        time.sleep(2.0)
+        assert httpx.post(server.url + "/sleep", params={"level": 0, "mode": "keep"}, timeout=30).status_code == 200
+        time.sleep(8.0)
+
+    try:
+        record_while(server.url, path, sleep_under_load, interval=0.5, before=1.0, after=0.5)
+        asleep_status = cli_json("status", "--url", server.url)
+    finally:
+        assert httpx.post(server.url + "/wake_up", timeout=30).status_code == 200
+    streams[0].join(120)
+    assert not streams[0].is_alive()  # the clients' requests held while asleep all came back
+    awake_status = cli_json("status", "--url", server.url)
+
+    code, findings = diagnose_json("--replay", str(path))
+    assert code == 2 and findings[0]["id"] == "engine_asleep", [f["id"] for f in findings]
+    assert findings[0]["severity"] == "critical" and "level 0: scheduling paused" in findings[0]["title"]
+    assert findings[0]["evidence"]["ongoing"] is True and findings[0]["evidence"]["seconds_asleep"] >= 6
+    assert any("/wake_up" in check for check in findings[0]["checks"])
+    ids = [f["id"] for f in findings]
+    assert "silent_stall" not in ids and "tokens_stopped" not in ids, ids
+    assert asleep_status["asleep"] == {"0": "scheduling_paused"}
+    assert not awake_status["asleep"]
+    summary = clients.summary()
+    assert summary["failed"] == 0 and summary["requests"] >= 3  # the requests held while asleep finished
+    assert summary["request_max_s"] >= 6.0  # ... after a pause the clients saw themselves
+
+
 def test_long_prefills_stalling_decodes_say_lower_the_chunk(
     condition_servers: dict[str, VllmServer], tmp_path: Path
 ) -> None:
-    """16 streaming decoders and a 1,200-word prompt every 2.5 s on the 4-layer model. Whether the
-    decoders really stalled is judged from the clients' own token gaps (not from the diagnosis);
-    a run where they did not is repeated, and three such runs fail the test."""
+    """16 closed-loop streaming decoders and a 1,200-word prompt every 2.5 s on the 4-layer model;
+    the decoders stop with the last long prompt. Whether they really stalled because of the long
+    prompts is judged from the clients' own token gaps (not from the diagnosis): a stall is a gap
+    three times their median, ≥ 0.2 s and past the next bucket bound of the server's ITL histogram
+    (where the server's own buckets can tell it from the usual gap); at least two long prompts were
+    followed by one within 2 s, and most stalls came there (a busy host also stalls the decoders at
+    random). A run where that did not hold is repeated with more long prompts sent together (one
+    longer prefill step), and says so; three such runs fail the test."""
     server = condition_servers["mid"]
     rng = load.seeded_rng()
-    seen: list[float] = []
     for attempt in range(3):
-        clients = load.Clients()
+        clients, stop = load.Clients(), threading.Event()
         sent: list[float] = []
+        together = attempt + 1  # 1,200 tokens a prompt: up to 3 in one 4,096-token step
 
-        def mixed(clients: load.Clients = clients, sent: list[float] = sent) -> None:
-            decoders = load.burst(server.url, clients, 16, prompt="decode " * 8, max_tokens=400, stream=True)
+        def mixed(clients: load.Clients = clients, stop: threading.Event = stop, sent: list[float] = sent,
+                  together: int = together) -> None:
+            decoders = load.closed_loop(server.url, clients, 16, 300.0,
+                                        lambda: {"prompt": "decode " * 8, "max_tokens": 100, "stream": True},
+                                        stop=stop)
             time.sleep(2.0)
             for _ in range(8):
                 sent.append(time.time())
-                load.burst(server.url, clients, 1, prompt=" ".join(rng.choice(WORDS) for _ in range(1200)),
+                load.burst(server.url, clients, together, prompt=" ".join(rng.choice(WORDS) for _ in range(1200)),
                            max_tokens=2)
                 time.sleep(2.5)
-            decoders.join(240)
+            stop.set()
+            decoders.join(300)
 
         path = record(server, tmp_path / f"hol-{attempt}.jsonl.gz", mixed, interval=1.0)
-        seen = [round(clients.max_gap(t, t + 2.0), 3) for t in sent]
-        if sum(gap >= 0.2 for gap in seen) >= 2:
+        usual = max(0.2, 3 * statistics.median(gap for _, gap in clients.gaps_s))
+        needed = next(b for b in _itl_bounds(path) if b >= usual)
+        stalls = [ts for ts, gap in clients.gaps_s if gap >= needed]
+        after_prompt = [ts for ts in stalls if any(t <= ts <= t + 2.0 for t in sent)]
+        prompts_followed = sum(any(t <= ts <= t + 2.0 for ts in stalls) for t in sent)
+        if prompts_followed >= 2 and len(after_prompt) >= 0.5 * len(stalls):
             break
+        print(f"retrying: with {together} long prompt(s) at a time, {prompts_followed} of 8 were followed by a "
+              f"decoder gap ≥ {needed:.3f} s (2 needed), and {len(after_prompt)} of {len(stalls)} such gaps came "
+              "after one (half needed); sending one more together")
     else:
-        pytest.fail(f"in 3 runs the decoders never saw a ≥ 0.2 s token gap after a long prompt: {seen}")
+        pytest.fail(f"in 3 runs the decoders' stalls (gaps ≥ {needed:.3f} s) did not follow the long prompts: "
+                    f"{prompts_followed} prompts followed, {len(after_prompt)} of {len(stalls)} gaps after one")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(path, ARTIFACTS / "recording-head-of-line.jsonl.gz")
     code, findings = diagnose_cli("--replay", str(path))
     f = by_id(findings, "head_of_line_blocking")
-    assert code == 1 and advice(f) == {("--max-num-batched-tokens", "decrease")}, (seen, findings)
+    assert code == 1 and advice(f) == {("--max-num-batched-tokens", "decrease")}, findings
     assert f["evidence"]["itl_worst_interval_p99_seconds"] >= 0.1
     assert "slow_decode" not in [x["id"] for x in findings]
 
@@ -181,14 +280,20 @@ def test_sigstop_of_the_engine_is_a_critical_silent_stall(
     assert engines, "no EngineCore process found"
 
     def stall() -> None:
-        running, _ = load.in_background(server.url, 4, max_tokens=1500)
-        time.sleep(1.5)
+        # Four clients keep requests in flight through the stop, however fast the host decodes.
+        stop = threading.Event()
+        running = load.closed_loop(server.url, load.Clients(), 4, 120.0,
+                                   lambda: {"prompt": "block cache token", "max_tokens": 128}, stop=stop)
+        assert wait_for(lambda: (scrape(server).value("num_requests_running") or 0) > 0, step=0.2), \
+            "the requests never started"
         os.kill(engines[0], signal.SIGSTOP)
         try:
             time.sleep(8)
         finally:
             os.kill(engines[0], signal.SIGCONT)
-        running.join(120)
+        time.sleep(1.0)  # tokens flow again before the clients stop
+        stop.set()
+        running.join(300)
 
     path = record(server, tmp_path / "stall.jsonl.gz", stall)
     code, findings = diagnose_cli("--replay", str(path))
@@ -197,20 +302,57 @@ def test_sigstop_of_the_engine_is_a_critical_silent_stall(
     assert f["evidence"]["seconds_without_tokens"] >= 5 and f["evidence"]["ongoing"] is False
 
 
-def test_a_killed_server_is_critical_with_its_time_range(
+def test_a_burst_past_the_queue_limit_is_rejected_and_named(
     condition_servers: dict[str, VllmServer], tmp_path: Path
 ) -> None:
+    """40 requests at once against 4 running and 8 queued at most: the rest are turned away, counted
+    as admission rejections and diagnosed with the limit they hit."""
     server = condition_servers["cap4"]
-
-    def kill() -> None:
-        load.completions(server.url, 4, max_tokens=16)
-        server.kill9()
-        time.sleep(2.0)
-
-    path = record(server, tmp_path / "killed.jsonl.gz", kill)
+    clients = load.Clients()
+    path = record_while(server.url, tmp_path / "limit.jsonl.gz",
+                        lambda: load.burst(server.url, clients, 40, prompt="block cache token " * 4,
+                                           max_tokens=128).join(300))
+    rejected = clients.statuses.count(503)
+    assert rejected > 0 and clients.statuses.count(200) + rejected == 40, clients.statuses
     code, findings = diagnose_cli("--replay", str(path))
-    f = by_id(findings, "server_down")
-    assert code == 2 and f["evidence"]["ongoing"] is True and f["time_range"][1] > f["time_range"][0]
+    found = by_id(findings, "admission_rejected")
+    # The server's counter agrees with what the clients were answered.
+    assert found["evidence"]["admission_rejections"] == {"max_num_queued_reqs": rejected}
+    assert "--max-num-queued-reqs" in found["title"]
+    assert {(s["flag"], s["direction"]) for s in found["suggestions"]} == {("--max-num-seqs", "increase")}
+
+
+def test_requests_for_more_adapters_than_max_loras_wait_deferred(
+    condition_servers: dict[str, VllmServer], tmp_path: Path
+) -> None:
+    """8 closed-loop clients, each naming adapter "a" or "b" in turn, for 8 s under --max-loras 1:
+    whichever adapter holds the slot, requests for the other wait, however fast the machine (a fixed
+    burst per adapter drained in 2.5 s on a fast host). Whether they really waited deferred for 4 s
+    is judged from the raw gauge, not from the diagnosis; a run where they did not is repeated and
+    says so, three such runs fail the test. The advice is --max-loras, never --max-num-seqs."""
+    server = condition_servers["lora"]
+    seen: list[float] = []
+    for attempt in range(3):
+        clients = load.Clients()
+        turn = iter(range(10**6))
+        path = record_while(server.url, tmp_path / f"lora-{attempt}.jsonl.gz",
+                            lambda clients=clients, turn=turn: load.closed_loop(
+                                server.url, clients, 8, 8.0, lambda: {
+                                    "prompt": "block cache token " * 4, "max_tokens": 96,
+                                    "model": "a" if next(turn) % 2 else "b"}).join(300))
+        assert clients.statuses and set(clients.statuses) == {200}, clients.summary()
+        seen.append(_seconds_deferred(path))
+        if seen[-1] >= 4.0:
+            break
+        print(f"retrying: the gauge showed requests deferred for {seen[-1]:.1f} s of the 4 s needed")
+    else:
+        pytest.fail(f"in 3 runs requests never waited deferred for 4 s: {seen}")
+    code, findings = diagnose_cli("--replay", str(path))
+    found = by_id(findings, "waiting_deferred")
+    assert found["evidence"]["max_lora"] == 1 and found["evidence"]["max_num_requests_waiting_deferred"] >= 1
+    assert [(s["flag"], s["direction"], s["value"]) for s in found["suggestions"]] == [("--max-loras", "increase", 2)]
+    assert not any(s["flag"] == "--max-num-seqs" and s["direction"] == "increase"
+                   for f in findings for s in f["suggestions"])
 
 
 def test_diagnose_a_failed_start_log_alone(tmp_path: Path) -> None:
@@ -221,21 +363,72 @@ def test_diagnose_a_failed_start_log_alone(tmp_path: Path) -> None:
         "why": "vLLM estimates 1,408 tokens fit in the KV memory it has."}
 
 
-def test_diagnose_live_url_with_budgets(vllm_main: VllmServer) -> None:
-    def generated() -> float:
-        snap = parse_snapshot(httpx.get(vllm_main.url + "/metrics", timeout=5).text)
-        return snap.value("generation_tokens") or 0.0
+def test_diagnose_live_url_with_budgets(condition_servers: dict[str, VllmServer]) -> None:
+    """Closed-loop decoders on the 4-layer model while ``diagnose --url`` collects 4 s with a 5 ms
+    ITL budget. vLLM's first ITL bucket ends at 10 ms, and a p95 inside it is only "< 10 ms", never
+    over a budget: whether the decode really was that slow is judged from the server's own ITL
+    histogram over the collection. A run where it was not is repeated with twice the decoders (up
+    to the CPU build's default --max-num-seqs, 128), and says so."""
+    server = condition_servers["mid"]
 
-    before = generated()
-    # 64 decoders make each step slower than vLLM's first ITL bucket (10 ms) on these cores: a p95
-    # inside that bucket is only "< 10 ms" and can never be called over a budget.
-    thread, results = load.in_background(vllm_main.url, 64, max_tokens=1200)  # outlasts the collection
-    deadline = time.monotonic() + 30
-    while generated() <= before and time.monotonic() < deadline:  # decoding has started
-        time.sleep(0.2)
-    code, findings = diagnose_cli("--url", vllm_main.url, "--seconds", "4", "--interval", "0.5",
-                                  "--itl-budget-ms", "5")
-    thread.join(120)
-    assert results == [200] * 64
+    def generated() -> float:
+        return scrape(server).value("generation_tokens") or 0.0
+
+    shares: list[float] = []
+    for decoders in (32, 64, 128):
+        clients, stop = load.Clients(), threading.Event()
+        started = generated()
+        running = load.closed_loop(server.url, clients, decoders, 120.0,
+                                   lambda: {"prompt": "decode " * 8, "max_tokens": 128}, stop=stop)
+        assert wait_for(lambda started=started: generated() > started, timeout=120, step=0.2), "decoding never started"
+        before = Scrape(time.time(), scrape(server))
+        code, findings = diagnose_cli("--url", server.url, "--seconds", "4", "--interval", "0.5",
+                                      "--itl-budget-ms", "5")
+        after = Scrape(time.time(), scrape(server))
+        stop.set()
+        running.join(300)
+        assert clients.statuses and set(clients.statuses) == {200}, clients.summary()
+        itl = histogram_delta([before, after], "inter_token_latency_seconds")
+        shares.append(count_above(itl, 0.010) / itl.count if itl is not None and itl.count else 0.0)
+        if shares[-1] >= 0.10:
+            break
+        print(f"retrying: with {decoders} decoders {shares[-1]:.0%} of the server's ITL observations were over "
+              "10 ms (10 % needed for a p95 past the first bucket); doubling them")
+    else:
+        pytest.fail(f"decode never got slower than vLLM's first ITL bucket: shares over 10 ms {shares}")
     f = by_id(findings, "slow_decode")
     assert code == 1 and ("--max-num-seqs", "decrease") in advice(f)
+
+
+def test_a_killed_engine_core_is_a_death_while_serving_with_the_minute_before(
+    condition_servers: dict[str, VllmServer], tmp_path: Path
+) -> None:
+    """The EngineCore process SIGKILLed under load (as the kernel's OOM killer would): the recording
+    and the server's own log, diagnosed together, say the engine died while serving, quote the log
+    lines that matter and show the minute before. The module's last test: the cap of 4 dies."""
+    server = condition_servers["cap4"]
+    path = tmp_path / "death.jsonl.gz"
+    clients = load.Clients()
+
+    def kill_the_engine_core() -> None:
+        running = load.burst(server.url, clients, 6, prompt="block cache token " * 4, max_tokens=2000, stream=True)
+        assert wait_for(lambda: (scrape(server).value("num_requests_running") or 0) > 0, step=0.2), \
+            "the requests never started"
+        time.sleep(2.0)
+        os.kill(server.engine_core_pid(0), signal.SIGKILL)
+        running.join(60)
+
+    record_while(server.url, path, kill_the_engine_core, interval=1.0, before=2.0, after=4.0)
+    assert server.proc is not None and server.proc.wait(60) is not None  # the API server shut itself down
+    code, findings = diagnose_cli("--replay", str(path), "--log", str(server.log_path))
+    assert code == 2, findings
+    died = findings[0]
+    assert died["id"] == "engine_died", [f["id"] for f in findings]
+    assert any("exited unexpectedly" in line for line in died["evidence"]["log_lines"])
+    assert any("EngineDeadError" in line for line in died["evidence"]["log_lines"])
+    # The six requests the clients had in flight, as the server's running gauge showed them: on a
+    # busy 2-core host vLLM 0.32's gauges can read low for seconds (never high), so at least one
+    # and at most six (a CI rehearsal here saw 1).
+    assert 1 <= died["evidence"]["before_max_num_requests_running"] <= 6
+    assert "server_down" in [f["id"] for f in findings]
+    assert not any(f["id"].startswith("startup_") for f in findings)  # it died serving, not starting

@@ -88,8 +88,12 @@ def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[Pr
     prom, real, _ = live
     direct = Collector(VllmClient(vllm_tiny.url), interval_seconds=0.25).start()
     time.sleep(4.0)  # idle scrapes on both sides first: gauges that hold still
-    # 12 KV blocks: 60 requests of 200 tokens keep the tiny server busy (and preempting) for seconds.
-    load.completions(vllm_tiny.url, 60, prompt=[11, 12, 13, 14, 15, 16, 17, 18, 19, 20], max_tokens=200)
+    # 12 KV blocks: 16 clients in a closed loop keep the tiny server busy (and preempting) for 8 s,
+    # on a fast host as on a busy one (a fixed burst took from seconds to minutes).
+    clients = load.Clients()
+    load.closed_loop(vllm_tiny.url, clients, 16, 8.0, lambda: {"prompt": [11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+                                                              "max_tokens": 100}).join(300)
+    assert set(clients.statuses) == {200}, clients.summary()
     time.sleep(4.0)
     direct.stop()
     time.sleep(1.5)  # Prometheus's next scrape

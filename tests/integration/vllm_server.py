@@ -22,7 +22,7 @@ DEFAULT_VLLM_PYTHON = Path.home() / ".cache" / "vllm-triage" / "vllm-venv" / "bi
 MODEL_BUILDER = Path(__file__).resolve().parents[1] / "fixtures" / "make_tiny_model.py"
 LORA_BUILDER = Path(__file__).resolve().parents[1] / "fixtures" / "make_tiny_lora.py"
 SERVED_NAME = "tiny"
-START_TIMEOUT_SECONDS = 300.0
+START_TIMEOUT_SECONDS = 480.0  # a wait for a start that hangs: a busy 2-core host took 300 s for --data-parallel-size 2
 
 
 def vllm_python() -> Path:

@@ -4,6 +4,7 @@ The other verbs keep their documented codes. Real subprocesses, as cron would ru
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +34,16 @@ def cli(*args: str) -> int:
 ])
 def test_exit_codes(args: tuple[str, ...], code: int) -> None:
     assert cli(*args) == code
+
+
+def test_a_server_killed_with_sigkill_is_critical_and_still_down_with_its_time_range() -> None:
+    """The real recording of a server killed (-9) under streaming load (the corpus's outage_kill,
+    made by tests/fixtures/incidents/record.py; recorded once rather than killing a live server in
+    every run): critical, ongoing to the end of the recording, with the range it has been down."""
+    out = subprocess.run([sys.executable, "-m", "diagnostics", "diagnose", "--replay",
+                          str(FIXTURES / "incidents" / "outage_kill.jsonl.gz"), "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    down = json.loads(out.stdout)["findings"][0]
+    assert down["id"] == "server_down" and down["severity"] == "critical"
+    assert down["evidence"]["ongoing"] is True and down["time_range"][1] > down["time_range"][0]
