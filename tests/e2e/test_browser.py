@@ -8,14 +8,12 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
 from tests.conftest import wait_for
-from tests.e2e.streamlit_app import streamlit_app
 from tests.integration import load
 from tests.integration.vllm_server import VllmServer
 
@@ -23,14 +21,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("ARTIFACTS_DIR", ROOT / "test-artifacts"))
 RECORDING = ROOT / "tests" / "fixtures" / "recording-tiny-burst-0.32.0.jsonl.gz"
-
-
-@pytest.fixture(scope="module")
-def streamlit_url(vllm_main: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    env = {**os.environ, "VLLM_URL": vllm_main.url}
-    env.pop("VLLM_API_KEY", None)
-    with streamlit_app(env, tmp_path_factory.mktemp("streamlit") / "streamlit.log") as url:
-        yield url
 
 
 def shoot(page: Page, name: str) -> None:

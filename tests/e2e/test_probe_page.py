@@ -13,17 +13,8 @@ from playwright.sync_api import Page, expect
 
 from tests.e2e.streamlit_app import streamlit_app
 from tests.e2e.test_browser import metric_value, shoot
-from tests.integration.vllm_server import VllmServer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def app_on_real(vllm_main: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    env = {**os.environ, "VLLM_URL": vllm_main.url}
-    env.pop("VLLM_API_KEY", None)
-    with streamlit_app(env, tmp_path_factory.mktemp("probe") / "streamlit.log") as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +32,8 @@ def run_probe(page: Page) -> None:
     start.click()
 
 
-def test_a_probe_on_the_real_server_over_the_live_charts(page: Page, app_on_real: str) -> None:
-    page.goto(app_on_real + "/Probe")
+def test_a_probe_on_the_real_server_over_the_live_charts(page: Page, streamlit_url: str) -> None:
+    page.goto(streamlit_url + "/Probe")
     expect(page.get_by_text("I mean to add this load: 8 concurrent clients sending 32 requests").first).to_be_visible()
     # Without the tick, nothing is sent.
     page.get_by_role("button", name="Start probe").click()
