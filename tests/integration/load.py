@@ -91,11 +91,11 @@ class Clients:
 
 def request(url: str, clients: Clients, *, prompt: str | list[int], max_tokens: int, n: int = 1, stream: bool = False,
             timeout: float = 300.0, model: str = SERVED_NAME, temperature: float | None = None,
-            rank: int | None = None) -> None:
+            rank: int | None = None, stop: threading.Event | None = None) -> None:
     """One completion (``ignore_eos``: exactly ``max_tokens``); streaming requests log token gaps.
     ``model`` may name a LoRA adapter the server was started with; ``prompt`` may be token ids;
     ``rank`` pins the request to one data-parallel engine (vLLM's ``X-data-parallel-rank`` header, as
-    a sticky router sets it)."""
+    a sticky router sets it). A streaming request is closed once ``stop`` is set (vLLM aborts it)."""
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "n": n, "ignore_eos": True,
                             "stream": stream}
     if temperature is not None:
@@ -113,6 +113,8 @@ def request(url: str, clients: Clients, *, prompt: str | list[int], max_tokens: 
                     status = response.status_code
                     last: float | None = None
                     for line in response.iter_lines():
+                        if stop is not None and stop.is_set():
+                            break
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
                         now = time.monotonic()

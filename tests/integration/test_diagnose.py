@@ -9,6 +9,7 @@ fast host and a busy one both produce it; a run that did not is repeated and say
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -220,8 +221,8 @@ def test_a_sleeping_engine_is_named_asleep_not_stalled_and_serves_again_once_wok
 def test_long_prefills_stalling_decodes_say_lower_the_chunk(
     condition_servers: dict[str, VllmServer], tmp_path: Path
 ) -> None:
-    """16 closed-loop streaming decoders and a 1,200-word prompt every 2.5 s on the 4-layer model;
-    the decoders stop with the last long prompt. Whether they really stalled because of the long
+    """16 streaming decoders and a 1,200-word prompt every 2.5 s on the 4-layer model; the decoders
+    are closed after the last long prompt. Whether they really stalled because of the long
     prompts is judged from the clients' own token gaps (not from the diagnosis): a stall is a gap
     three times their median, ≥ 0.2 s and past the next bucket bound of the server's ITL histogram
     (where the server's own buckets can tell it from the usual gap); at least two long prompts were
@@ -237,9 +238,12 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
 
         def mixed(clients: load.Clients = clients, stop: threading.Event = stop, sent: list[float] = sent,
                   together: int = together) -> None:
-            decoders = load.closed_loop(server.url, clients, 16, 300.0,
-                                        lambda: {"prompt": "decode " * 8, "max_tokens": 100, "stream": True},
-                                        stop=stop)
+            # 16 decoders streaming all along, closed when the long prompts are over: long requests
+            # of staggered lengths, so that on a fast host their successors do not start together
+            # (a batch that empties and refills at once reads as a median rising with the batch).
+            lengths = itertools.cycle(range(1500, 2000, 37))
+            decoders = load.closed_loop(server.url, clients, 16, 300.0, lambda: {
+                "prompt": "decode " * 8, "max_tokens": next(lengths), "stream": True, "stop": stop}, stop=stop)
             time.sleep(2.0)
             for _ in range(8):
                 sent.append(time.time())
