@@ -3,7 +3,7 @@ CLI's advice names the right knob and direction; a healthy recording yields no w
 
 The servers a condition needs start together, once for the module (a server start is most of a
 real-server test's time): a concurrency cap of 4 with an admission limit, prefix caching off with
-the sleep endpoints, a 4-layer model whose long prefills stall decodes, and LoRA with one slot. A
+the sleep endpoints, a 6-layer model whose long prefills stall decodes, and LoRA with one slot. A
 workload runs for a fixed time or grows until the server's own gauges show its condition, so a
 fast host and a busy one both produce it; a run that did not is repeated and says so."""
 
@@ -42,14 +42,16 @@ WORDS = ("block cache token prefill decode queue engine server memory page table
 def condition_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
     """The module's servers, started in parallel. The cap of 4 is killed by the module's last test."""
     work = tmp_path_factory.mktemp("conditions")  # short: vLLM's IPC socket path must fit in 107 characters
-    mid = build_tiny_model(work / "mid-model", "mid")
+    small = build_tiny_model(work / "small-model", "small")
     lora = build_tiny_lora(work / "lora")
     servers = {
         "cap4": VllmServer(tiny_model, work / "cap4", ("--max-num-seqs", "4", "--max-num-queued-reqs", "8")).start(),
         "noprefix": VllmServer(tiny_model, work / "noprefix", ("--no-enable-prefix-caching",),
                                env={"VLLM_SERVER_DEV_MODE": "1"}).start(),
-        # A 1,200-token prompt prefills in one step under this budget: a few hundred ms on 2 cores.
-        "mid": VllmServer(mid, work / "mid", ("--max-num-batched-tokens", "4096")).start(),
+        # Two 1,800-token prompts prefill in one step under this budget: 0.4-1.6 s on 2 idle cores (the
+        # 4-layer model's 1,200 tokens took 60 ms, under a decoder's notice on a fast host).
+        "small": VllmServer(small, work / "small", ("--max-num-batched-tokens", "4096", "--kv-cache-memory-bytes",
+                                                    str(256 * 2**20))).start(),
         "lora": VllmServer(tiny_model, work / "lora-server", ("--enable-lora", "--max-loras", "1", "--max-lora-rank",
                                                                 "8", "--lora-modules", f"a={lora}", f"b={lora}")).start(),
     }
@@ -68,16 +70,18 @@ def _seconds_queued_at(path: Path, cap: int) -> float:
     points = []
     for scrape in read_recording(path).scrapes():
         if scrape.snapshot is not None:
-            snap = scrape.snapshot
-            waiting = (snap.by_label("num_requests_waiting_by_reason") or {}).get("capacity", 0.0)
-            points.append((scrape.ts, waiting > 0 and snap.value("num_requests_running") == cap))
+            points.append((scrape.ts, _queued_at_cap(scrape.snapshot, cap)))
     return sum(b[0] - a[0] for a, b in zip(points, points[1:]) if a[1] and b[1])
+
+
+def _deferred(snap: Snapshot) -> bool:
+    """Whether a scrape shows requests waiting with reason "deferred"."""
+    return (snap.by_label("num_requests_waiting_by_reason") or {}).get("deferred", 0.0) > 0
 
 
 def _seconds_deferred(path: Path) -> float:
     """How long the raw gauge shows requests waiting with reason "deferred" (consecutive scrapes)."""
-    points = [(s.ts, (s.snapshot.by_label("num_requests_waiting_by_reason") or {}).get("deferred", 0.0) > 0)
-              for s in read_recording(path).scrapes() if s.snapshot is not None]
+    points = [(s.ts, _deferred(s.snapshot)) for s in read_recording(path).scrapes() if s.snapshot is not None]
     return sum(b[0] - a[0] for a, b in zip(points, points[1:]) if a[1] and b[1])
 
 
@@ -119,18 +123,49 @@ def test_healthy_recording_yields_no_warning(vllm_main: VllmServer, tmp_path: Pa
     assert all(f["severity"] == "info" for f in findings)
 
 
+def _queued_at_cap(snap: Snapshot, cap: int) -> bool:
+    """Whether a scrape shows requests waiting for capacity with ``cap`` running."""
+    waiting = (snap.by_label("num_requests_waiting_by_reason") or {}).get("capacity", 0.0)
+    return waiting > 0 and snap.value("num_requests_running") == cap
+
+
+def _until_seen(server: VllmServer, condition: Callable[[Snapshot], bool], seconds: float, limit: float) -> float:
+    """Polls ``server``'s gauges every 0.25 s until ``condition`` has held for ``seconds`` in all
+    (pairs of consecutive polls that both show it) or ``limit`` seconds have passed; returns the
+    seconds it held."""
+    held, last, deadline = 0.0, None, time.monotonic() + limit
+    while held < seconds and time.monotonic() < deadline:
+        now, shown = time.monotonic(), condition(scrape(server))
+        if shown and last is not None:
+            held += now - last
+        last = now if shown else None
+        time.sleep(0.25)
+    return held
+
+
 def test_queue_at_the_cap_says_raise_max_num_seqs(condition_servers: dict[str, VllmServer], tmp_path: Path) -> None:
-    """7 closed-loop clients against a cap of 4 for 8 s: 3 wait whenever 4 run, however fast the
-    machine answers (a fixed burst drained in 4 s on a fast host and took minutes on a busy one);
-    never more than 7 in the server, so its admission limit of 8 turns none away.
-    Whether they really queued at the cap is judged from the raw gauges (not from the diagnosis); a
-    run where they did not is repeated and says so, three such runs fail."""
+    """7 closed-loop clients against a cap of 4, kept going until the server's gauges have shown
+    requests waiting at the cap for 8 s (at most 90 s): 3 wait whenever 4 run, however fast the
+    machine answers (a fixed burst drained in 4 s on a fast host and took minutes on a busy one; 8 s
+    of 64-token requests showed the queue for 0.5 s on a fast host, its requests finishing together).
+    Their lengths are staggered, so that the 4 running do not finish in one step. Never more than 7
+    in the server, so its admission limit of 8 turns none away. Whether they really queued at the
+    cap is judged from the recording's raw gauges (not from the diagnosis); a run where they did not
+    is repeated and says so, three such runs fail."""
     server = condition_servers["cap4"]
     seen: list[float] = []
     for attempt in range(3):
-        clients = load.Clients()
-        path = record(server, tmp_path / f"cap-{attempt}.jsonl.gz", lambda clients=clients: load.closed_loop(
-            server.url, clients, 7, 8.0, lambda: {"prompt": "block cache token prefill", "max_tokens": 64}).join(300))
+        clients, stop = load.Clients(), threading.Event()
+
+        def queue(clients: load.Clients = clients, stop: threading.Event = stop) -> None:
+            lengths = itertools.cycle(range(96, 320, 29))
+            running = load.closed_loop(server.url, clients, 7, 300.0, lambda: {
+                "prompt": "block cache token prefill", "max_tokens": next(lengths)}, stop=stop)
+            _until_seen(server, lambda snap: _queued_at_cap(snap, 4), seconds=8.0, limit=90.0)
+            stop.set()
+            running.join(300)
+
+        path = record(server, tmp_path / f"cap-{attempt}.jsonl.gz", queue)
         seen.append(_seconds_queued_at(path, cap=4))
         if seen[-1] >= 5.0:
             break
@@ -221,20 +256,21 @@ def test_a_sleeping_engine_is_named_asleep_not_stalled_and_serves_again_once_wok
 def test_long_prefills_stalling_decodes_say_lower_the_chunk(
     condition_servers: dict[str, VllmServer], tmp_path: Path
 ) -> None:
-    """16 streaming decoders and a 1,200-word prompt every 2.5 s on the 4-layer model; the decoders
-    are closed after the last long prompt. Whether they really stalled because of the long
-    prompts is judged from the clients' own token gaps (not from the diagnosis): a stall is a gap
-    three times their median, ≥ 0.2 s and past the next bucket bound of the server's ITL histogram
-    (where the server's own buckets can tell it from the usual gap); at least two long prompts were
-    followed by one within 2 s, and most stalls came there (a busy host also stalls the decoders at
-    random). A run where that did not hold is repeated with more long prompts sent together (one
-    longer prefill step), and says so; three such runs fail the test."""
-    server = condition_servers["mid"]
+    """16 streaming decoders on the 6-layer model and, every 2.5 s, long prompts of 1,800 distinct
+    random words sent together (identical prompts sent together would share their prefill through the
+    prefix cache); the decoders are closed after the last long prompt. Whether they really stalled
+    because of the long prompts is judged from the clients' own token gaps (not from the diagnosis): a
+    stall is a gap three times their median, ≥ 0.2 s and past the next bucket bound of the server's ITL
+    histogram (where the server's own buckets can tell it from the usual gap); at least two long
+    prompts were followed by one beginning within 2 s, and most stalls came there (a busy host also stalls the
+    decoders at random). A run where that did not hold is repeated with one more long prompt sent
+    together (a longer prefill), and says so; three such runs fail the test."""
+    server = condition_servers["small"]
     rng = load.seeded_rng()
     for attempt in range(3):
         clients, stop = load.Clients(), threading.Event()
         sent: list[float] = []
-        together = attempt + 1  # 1,200 tokens a prompt: up to 3 in one 4,096-token step
+        together = attempt + 2  # 1,800 tokens a prompt: 2 in one 4,096-token step, 3 or 4 in two
 
         def mixed(clients: load.Clients = clients, stop: threading.Event = stop, sent: list[float] = sent,
                   together: int = together) -> None:
@@ -247,18 +283,22 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
             time.sleep(2.0)
             for _ in range(8):
                 sent.append(time.time())
-                load.burst(server.url, clients, together, prompt=" ".join(rng.choice(WORDS) for _ in range(1200)),
-                           max_tokens=2)
+                prompts = [load.burst(server.url, clients, 1, prompt=" ".join(rng.choice(WORDS) for _ in range(1800)),
+                                      max_tokens=2) for _ in range(together)]
                 time.sleep(2.5)
+            for thread in prompts:
+                thread.join(300)
             stop.set()
             decoders.join(300)
 
         path = record(server, tmp_path / f"hol-{attempt}.jsonl.gz", mixed, interval=1.0)
         usual = max(0.2, 3 * statistics.median(gap for _, gap in clients.gaps_s))
         needed = next(b for b in _itl_bounds(path) if b >= usual)
-        stalls = [ts for ts, gap in clients.gaps_s if gap >= needed]
-        after_prompt = [ts for ts in stalls if any(t <= ts <= t + 2.0 for t in sent)]
-        prompts_followed = sum(any(t <= ts <= t + 2.0 for ts in stalls) for t in sent)
+        # A gap follows a prompt when it began within 2 s of it (it ends when the prefill does,
+        # later on a busy host).
+        stalls = [(ts - gap, ts) for ts, gap in clients.gaps_s if gap >= needed]
+        after_prompt = [g for g in stalls if any(t - 0.1 <= g[0] <= t + 2.0 and g[1] >= t for t in sent)]
+        prompts_followed = sum(any(t - 0.1 <= g[0] <= t + 2.0 and g[1] >= t for g in stalls) for t in sent)
         if prompts_followed >= 2 and len(after_prompt) >= 0.5 * len(stalls):
             break
         print(f"retrying: with {together} long prompt(s) at a time, {prompts_followed} of 8 were followed by a "
@@ -329,21 +369,28 @@ def test_a_burst_past_the_queue_limit_is_rejected_and_named(
 def test_requests_for_more_adapters_than_max_loras_wait_deferred(
     condition_servers: dict[str, VllmServer], tmp_path: Path
 ) -> None:
-    """8 closed-loop clients, each naming adapter "a" or "b" in turn, for 8 s under --max-loras 1:
-    whichever adapter holds the slot, requests for the other wait, however fast the machine (a fixed
-    burst per adapter drained in 2.5 s on a fast host). Whether they really waited deferred for 4 s
-    is judged from the raw gauge, not from the diagnosis; a run where they did not is repeated and
-    says so, three such runs fail the test. The advice is --max-loras, never --max-num-seqs."""
+    """8 closed-loop clients, each naming adapter "a" or "b" in turn under --max-loras 1, kept going
+    until the server's gauge has shown requests deferred for 7 s (at most 90 s): whichever adapter
+    holds the slot, requests for the other wait, however fast the machine (a fixed burst per adapter
+    drained in 2.5 s on a fast host; 8 s of clients showed 2.4 s deferred on a busy one). Whether they
+    really waited deferred for 4 s is judged from the recording's raw gauge, not from the diagnosis; a
+    run where they did not is repeated and says so, three such runs fail the test. The advice is
+    --max-loras, never --max-num-seqs."""
     server = condition_servers["lora"]
     seen: list[float] = []
     for attempt in range(3):
-        clients = load.Clients()
-        turn = iter(range(10**6))
-        path = record_while(server.url, tmp_path / f"lora-{attempt}.jsonl.gz",
-                            lambda clients=clients, turn=turn: load.closed_loop(
-                                server.url, clients, 8, 8.0, lambda: {
-                                    "prompt": "block cache token " * 4, "max_tokens": 96,
-                                    "model": "a" if next(turn) % 2 else "b"}).join(300))
+        clients, stop = load.Clients(), threading.Event()
+
+        def alternate(clients: load.Clients = clients, stop: threading.Event = stop) -> None:
+            turn = iter(range(10**6))
+            running = load.closed_loop(server.url, clients, 8, 300.0, lambda: {
+                "prompt": "block cache token " * 4, "max_tokens": 96, "model": "a" if next(turn) % 2 else "b"},
+                stop=stop)
+            _until_seen(server, _deferred, seconds=7.0, limit=90.0)
+            stop.set()
+            running.join(300)
+
+        path = record_while(server.url, tmp_path / f"lora-{attempt}.jsonl.gz", alternate)
         assert clients.statuses and set(clients.statuses) == {200}, clients.summary()
         seen.append(_seconds_deferred(path))
         if seen[-1] >= 4.0:
@@ -373,7 +420,7 @@ def test_diagnose_live_url_with_budgets(condition_servers: dict[str, VllmServer]
     over a budget: whether the decode really was that slow is judged from the server's own ITL
     histogram over the collection. A run where it was not is repeated with twice the decoders (up
     to the CPU build's default --max-num-seqs, 128), and says so."""
-    server = condition_servers["mid"]
+    server = condition_servers["small"]
 
     def generated() -> float:
         return scrape(server).value("generation_tokens") or 0.0
