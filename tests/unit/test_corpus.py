@@ -28,14 +28,6 @@ HELDOUT_RECORDED = [c for c in record.HELDOUT_CASES if c.name in labels(HELDOUT)
 # Cases where the diagnosis is not what the label says; each is a miss the bench reports too. Strict:
 # when the rules get it right, the entry has to go.
 KNOWN_MISSES = {
-    # Full cache (100 %), 18 waiting, 32 preemptions in 44 s of load: critical by the labels' rule; the
-    # rule calls it critical only at one preemption a second over the whole window (0.65 here).
-    "kv_pressure_memory_bytes": "severity: expected critical, got warning",
-    # Held-out. Full cache (100 %), 40 preemptions, 51 waiting, but the slow drain on a busy host makes the
-    # window 304 s long: 0.13 preemptions a second over it, under the rule's one a second.
-    "ho_kv_block32_h3": "severity: expected critical, got warning",
-    # Held-out. Full cache, 24 preemptions, 18 waiting; 0.11 a second over a 217 s window.
-    "ho_kv_bytes_wide": "severity: expected critical, got warning",
     # Held-out. Long prompts under a 120 ms ITL budget: head_of_line_blocking is found, with the right knob,
     # but second; slow_decode comes first (ITL p95 372 ms outside the long-prefill intervals, on a host
     # at load average 10-14; clients' token gap p50 102 ms) and leads with --quantization.

@@ -112,6 +112,18 @@ def test_kv_pressure_is_critical_only_with_a_full_cache(usage: float, severity: 
     assert find(diagnose(prepare(history)), "kv_pressure").severity == severity
 
 
+@pytest.mark.parametrize(("finished", "severity"), [(0, "warning"), (40, "critical"), (41, "warning")])
+def test_kv_pressure_is_critical_when_half_the_finished_requests_were_preempted(finished: int, severity: str) -> None:
+    """20 preemptions spread over a 100 s window (0.2 a second, far under one a second) with the
+    cache full and requests waiting: critical once they reach half of the requests finished (20 of
+    40), not with 41 finished; with none finished (fewer than 10) the share says nothing."""
+    history = [Scrape(float(t), parse_snapshot(
+        synth_text(gen=100 * t, running=10, waiting=5, usage=1.0, preempt=t // 5)
+        + f'vllm:request_success_total{{model_name="m",finished_reason="length"}} {finished * t / 100}\n'))
+        for t in range(101)]
+    assert find(diagnose(prepare(history)), "kv_pressure").severity == severity
+
+
 def test_decode_over_budget_at_a_single_sequence_leads_with_the_model_not_the_batch() -> None:
     """One sequence running all along and ITL p95 ~74 ms over a 50 ms budget: no smaller batch exists,
     so fewer sequences cannot help; quantized weights (read faster per step) come first."""
@@ -183,6 +195,22 @@ def test_requests_turned_away_with_the_kv_cache_not_yet_full_name_the_batch_cap(
     assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--max-num-seqs", "increase")
 
 
+def test_the_batch_cap_is_read_up_to_five_seconds_before_the_first_rejection() -> None:
+    """Running sat at the cap of 4 (two waiting) only at t = 2 s; the first rejection lands in the interval that
+    begins at 6 s. Five seconds ahead (admission_lead_seconds) still sees the cap, so the advice is the
+    batch cap; the limit itself is named when the cap is seen only further back (t = 0 s)."""
+    def history(at_cap: int) -> list[Scrape]:
+        return [Scrape(float(t), parse_snapshot(
+            synth_text(gen=100 * t, running=4 if t == at_cap else 1, waiting=2 if t == at_cap else 0, usage=0.5)
+            + f'vllm:admission_rejections_total{{model_name="m",reason="max_num_queued_reqs"}} '
+              f'{0 if t < 7 else 10}\n')) for t in range(12)]
+
+    near = find(diagnose(prepare(history(at_cap=2), max_num_seqs=4)), "admission_rejected")
+    assert (near.suggestions[0].flag, near.suggestions[0].direction) == ("--max-num-seqs", "increase")
+    far = find(diagnose(prepare(history(at_cap=0), max_num_seqs=4)), "admission_rejected")
+    assert (far.suggestions[0].flag, far.suggestions[0].direction) == ("--max-num-queued-reqs", "increase")
+
+
 def test_one_second_without_tokens_is_not_yet_tokens_stopped() -> None:
     """A queue at the cap whose last scrape saw no new token: too short to hold the queue advice back."""
     per_second = [{"gen": 100.0 if t < 9 else 0.0, "running": 4, "waiting": 10, "usage": 0.3} for t in range(10)]
@@ -191,12 +219,13 @@ def test_one_second_without_tokens_is_not_yet_tokens_stopped() -> None:
     assert "queue_at_cap" in ids(findings)
 
 
-@pytest.mark.parametrize(("prompt_bucket", "fires"), [(3, False), (9, True)])
+@pytest.mark.parametrize(("prompt_bucket", "fires"), [(3, False), (5, True), (9, True)])
 def test_parallel_samples_that_miss_the_cache_matter_only_with_prompts_of_two_blocks(
     prompt_bucket: int, fires: bool
 ) -> None:
     """n > 1 with prefix caching on and no cache hit: with 5–10-token prompts (under two 16-token
-    blocks) there is no full block to share; with 500–1,000-token prompts sharing is missing."""
+    blocks) there is no full block to share; with 20–50-token prompts (a median of 35, just over two
+    blocks) or 500–1,000-token prompts sharing is missing."""
     history = cumulative([{"gen": 100.0, "queries": 500.0, "n_counts": counts(6, b0=1, b3=5),
                            "prompt_len_counts": counts(PROMPT_SLOTS, **{f"b{prompt_bucket}": 6})} for _ in range(6)])
     assert ("sharing_not_happening" in ids(diagnose(prepare(history)))) == fires

@@ -124,6 +124,9 @@ class Thresholds:
     # Preemptions this often (per second over the window), with the cache near full and requests
     # waiting, make KV pressure critical: the server spends much of its time recomputing.
     kv_critical_preemptions_per_second: float = 1.0
+    # ... or preemptions for this share of the requests finished in the window (of at least this many).
+    kv_critical_preempted_share: float = 0.5
+    kv_critical_min_finished: float = 10.0
     # Queue (and deferral) episodes closer than this are one episode: a gauge that reads 0 for one
     # scrape between two waits did not drain the queue.
     queue_merge_seconds: float = 2.0

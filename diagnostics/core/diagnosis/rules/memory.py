@@ -9,7 +9,7 @@ from typing import Any
 from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, whole
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
-from diagnostics.core.metrics.derive import histogram_delta, histogram_quantile
+from diagnostics.core.metrics.derive import histogram_delta, histogram_quantile, labelled_increase
 
 # vLLM's own defaults, for a server whose flags are not known.
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -91,7 +91,13 @@ def kv_pressure(ctx: Context) -> list[Finding]:
                        "fewer blocks (the opposite of raising it).")
         )
     near_full = max_usage is not None and max_usage >= t.kv_full_perc
-    severe = near_full and waiting > 0 and total / seconds >= t.kv_critical_preemptions_per_second
+    # Critical is a server that spends much of its time recomputing: one preemption a second over the
+    # window, or preemptions for half of the requests it finished (a window a slow drain made long
+    # dilutes the rate, never the share).
+    finished = sum((labelled_increase(ctx.history, "request_success") or {}).values())
+    share = total / finished if finished >= t.kv_critical_min_finished else None
+    severe = near_full and waiting > 0 and (total / seconds >= t.kv_critical_preemptions_per_second
+                                            or (share is not None and share >= t.kv_critical_preempted_share))
     return [
         Finding(
             id="kv_pressure",
@@ -100,6 +106,8 @@ def kv_pressure(ctx: Context) -> list[Finding]:
             + (f", KV usage up to {max_usage * 100:.0f} %" if max_usage is not None else "")
             + (f", up to {waiting:.0f} waiting" if waiting else ""),
             evidence={"preemptions": total, "preemptions_per_second": round(total / seconds, 4),
+                      "requests_finished": finished,
+                      "preemptions_per_finished_request": round(share, 3) if share is not None else None,
                       "max_kv_cache_usage_perc": max_usage, "max_num_requests_waiting": waiting,
                       "num_requests_running_at_onset": running_at_onset, "episodes": len(found)},
             suggestions=tuple(suggestions),
