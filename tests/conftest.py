@@ -92,10 +92,14 @@ def tiny_burst(vllm_tiny: VllmServer, tmp_path_factory: pytest.TempPathFactory) 
     """One real recording (0.25 s scrapes, 1 s idle either side) of 30 requests of 200 tokens sent
     at once to the 12-block server: waiting, a full KV cache and preemption. Recorded once, read by
     the collector test, the diagnosis test and the simulator's fidelity test alike."""
-    path = tmp_path_factory.mktemp("tiny-burst") / "burst.jsonl.gz"
+    return record_tiny_burst(vllm_tiny, tmp_path_factory.mktemp("tiny-burst") / "burst.jsonl.gz")
+
+
+def record_tiny_burst(server: VllmServer, path: Path) -> Path:
+    """A real recording of the 30-request burst on the 12-block ``server`` (see ``tiny_burst``)."""
     statuses: list[int] = []
-    record_while(vllm_tiny.url, path, lambda: statuses.extend(
-        load.completions(vllm_tiny.url, 30, prompt=TINY_BURST_PROMPT, max_tokens=200, timeout=600)),
+    record_while(server.url, path, lambda: statuses.extend(
+        load.completions(server.url, 30, prompt=TINY_BURST_PROMPT, max_tokens=200, timeout=600)),
         interval=0.25, before=1.0, after=1.0)
     assert statuses == [200] * 30, statuses
     return path

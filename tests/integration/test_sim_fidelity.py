@@ -20,7 +20,7 @@ from diagnostics.core.simulator.config import EngineConfig
 from diagnostics.core.simulator.hardware import GPU_SPECS
 from diagnostics.core.simulator.scheduler import SimEngine
 from diagnostics.recording import read_recording
-from tests.conftest import TINY_BURST_PROMPT
+from tests.conftest import TINY_BURST_PROMPT, record_tiny_burst
 from tests.integration import load
 from tests.integration.test_paged_real import run as real_request
 from tests.integration.vllm_server import VllmServer
@@ -62,42 +62,65 @@ def test_prefix_hits_equal_the_real_servers(vllm_tiny: VllmServer) -> None:
     assert simulated == real
 
 
-def test_burst_kv_trajectory_and_preemption_onset_are_close(tiny_burst: Path) -> None:
+class _BurstEvents:
+    """Where the real server's events fell in a recording of the burst, on the share of the burst's
+    6,000 output tokens generated so far (the server's own counter): each as the scrapes bracket it,
+    (share at the last scrape without it, at the first with it)."""
+
+    TOTAL_TOKENS = 30 * 200
+
+    def __init__(self, path: Path) -> None:
+        snaps = [s.snapshot for s in read_recording(path).scrapes() if s.snapshot is not None]
+        self.base = snaps[0]  # a scrape of the idle server, before the burst
+        self.scrapes = len(snaps)
+        self.real = [(self.counted(snap, "generation_tokens") / self.TOTAL_TOKENS, snap) for snap in snaps]
+        self.onset = self.first(lambda s: self.counted(s, "num_preemptions") > 0)
+        self.full = self.first(lambda s: (s.value("kv_cache_usage_perc") or 0) >= 0.99)
+        self.preemptions = self.counted(snaps[-1], "num_preemptions")
+        hist, start = snaps[-1].histogram("iteration_tokens"), self.base.histogram("iteration_tokens")
+        self.steps = (hist.count if hist else 0) - (start.count if start else 0)  # one per engine step
+        assert self.counted(snaps[-1], "generation_tokens") == self.TOTAL_TOKENS  # the whole burst, and only it
+
+    def counted(self, snap: Snapshot, concept: str) -> float:
+        return (snap.value(concept) or 0) - (self.base.value(concept) or 0)
+
+    def first(self, seen: Callable[[Snapshot], bool]) -> tuple[float, float]:
+        before = self.real[0][0]
+        for progress, snap in self.real:
+            if seen(snap):
+                return before, progress
+            before = progress
+        raise AssertionError(f"the real server never showed it in {len(self.real)} scrapes")
+
+    @property
+    def widest(self) -> float:
+        return max(hi - lo for lo, hi in (self.full, self.onset))
+
+
+def test_burst_kv_trajectory_and_preemption_onset_are_close(
+    tiny_burst: Path, vllm_tiny: VllmServer, tmp_path: Path
+) -> None:
     """The shared recording of 30 requests of 200 tokens on the 12-block server (tests/conftest.py)
     against the simulator given the same burst. Where in the burst each event falls is judged on a
     clock that does not depend on the host's speed: the share of the burst's 6,000 output tokens
     generated so far (the server's own counter), and the burst's length in engine steps (its
     ``iteration_tokens`` histogram counts one per step). The simulator's CPU preset is fitted to
     one machine's speed, so wall-clock seconds would measure the machine (a busy one ran every step
-    slower and failed a ratio of durations)."""
-    total_tokens = 30 * 200
-    snaps = [s.snapshot for s in read_recording(tiny_burst).scrapes() if s.snapshot is not None]
-    base = snaps[0]  # a scrape of the idle server, before the burst
-
-    def counted(snap: Snapshot, concept: str) -> float:
-        return (snap.value(concept) or 0) - (base.value(concept) or 0)
-
-    def steps(snap: Snapshot) -> float:
-        hist, start = snap.histogram("iteration_tokens"), base.histogram("iteration_tokens")
-        return (hist.count if hist else 0) - (start.count if start else 0)
-
-    real = [(counted(snap, "generation_tokens") / total_tokens, snap) for snap in snaps]
-
-    def first(seen: Callable[[Snapshot], bool]) -> tuple[float, float]:
-        """When the real event happened, as the scrapes bracket it: (share of the burst's tokens at
-        the last scrape without it, at the first with it)."""
-        before = real[0][0]
-        for progress, snap in real:
-            if seen(snap):
-                return before, progress
-            before = progress
-        raise AssertionError(f"the real server never showed it in {len(real)} scrapes")
-
-    real_onset = first(lambda s: counted(s, "num_preemptions") > 0)
-    real_full = first(lambda s: (s.value("kv_cache_usage_perc") or 0) >= 0.99)
-    real_pre = counted(snaps[-1], "num_preemptions")
-    real_steps = steps(snaps[-1])
-    assert counted(snaps[-1], "generation_tokens") == total_tokens  # the whole burst, and only it
+    slower and failed a ratio of durations). The scrapes must bracket each real event within half the
+    burst: on a host so busy that two scrapes 0.25 s apart came 70 % of the burst apart, the burst is
+    recorded again (and says so), three such recordings fail the test."""
+    path = tiny_burst
+    for attempt in range(3):
+        real = _BurstEvents(path)
+        if real.widest <= 0.5:
+            break
+        print(f"retrying: the scrapes bracket a real event over {real.widest:.0%} of the burst (half at most) in "
+              f"{real.scrapes} scrapes{'; recording the burst again' if attempt < 2 else ''}")
+        if attempt < 2:
+            path = record_tiny_burst(vllm_tiny, tmp_path / f"burst-{attempt}.jsonl.gz")
+    else:
+        pytest.fail(f"in 3 recordings the scrapes never bracketed the burst's events within half of it: "
+                    f"{real.full} {real.onset}")
 
     engine = SimEngine(TINY)
     for _ in range(30):
@@ -109,19 +132,18 @@ def test_burst_kv_trajectory_and_preemption_onset_are_close(tiny_burst: Path) ->
         sim_steps += 1
         sim_pre += stats.num_preemptions
         if stats.num_preemptions and sim_onset is None:
-            sim_onset = sim_generated / total_tokens
+            sim_onset = sim_generated / real.TOTAL_TOKENS
         if stats.kv_cache_usage_perc >= 0.99 and sim_full is None:
-            sim_full = sim_generated / total_tokens
+            sim_full = sim_generated / real.TOTAL_TOKENS
         sim_generated += stats.generation_tokens
     print(
-        f"fidelity (share of the burst's tokens): KV full at real {real_full[0]:.2f}..{real_full[1]:.2f} / sim "
-        f"{sim_full}; first preemption real {real_onset[0]:.2f}..{real_onset[1]:.2f} / sim {sim_onset}; "
-        f"preemptions real {real_pre:.0f} / sim {sim_pre}; steps real {real_steps:.0f} / sim {sim_steps}; "
-        f"{len(real)} scrapes"
+        f"fidelity (share of the burst's tokens): KV full at real {real.full[0]:.2f}..{real.full[1]:.2f} / sim "
+        f"{sim_full}; first preemption real {real.onset[0]:.2f}..{real.onset[1]:.2f} / sim {sim_onset}; "
+        f"preemptions real {real.preemptions:.0f} / sim {sim_pre}; steps real {real.steps:.0f} / sim {sim_steps}; "
+        f"{real.scrapes} scrapes"
     )
-    assert sim_full is not None and sim_onset is not None and sim_generated == total_tokens
-    for sim_at, (lo, hi) in ((sim_full, real_full), (sim_onset, real_onset)):
-        assert hi - lo <= 0.5, f"the scrapes bracket the real event too loosely: {lo:.2f}..{hi:.2f} of the burst"
+    assert sim_full is not None and sim_onset is not None and sim_generated == real.TOTAL_TOKENS
+    for sim_at, (lo, hi) in ((sim_full, real.full), (sim_onset, real.onset)):
         assert lo - 0.25 <= sim_at <= hi + 0.25
-    assert real_pre > 0 and sim_pre > 0 and 0.25 <= sim_pre / real_pre <= 4
-    assert 0.33 <= sim_steps / real_steps <= 3
+    assert real.preemptions > 0 and sim_pre > 0 and 0.25 <= sim_pre / real.preemptions <= 4
+    assert 0.33 <= sim_steps / real.steps <= 3
