@@ -104,3 +104,11 @@ def test_a_healthy_bursty_load_with_blind_gauges_has_no_queue() -> None:
     recording = read_recording(INCIDENTS / "healthy_bursty.jsonl.gz")
     ctx = prepare(recording.scrapes(), info=recording.info())
     assert ctx.gauges_blind and _queue(diagnose(ctx)) is None
+
+
+def test_requests_held_by_a_sleeping_engine_are_not_read_as_the_cap_when_the_gauges_are_zeroed() -> None:
+    """asleep_level0: the engine slept 12 s with requests kept; they finish after waking with long queue
+    times. Zeroed gauges must not turn that into "raise --max-num-seqs": the sleep rule names it."""
+    findings = _diagnose(_zeroed("asleep_level0"))
+    assert findings and findings[0].id == "engine_asleep"
+    assert _queue(findings) is None

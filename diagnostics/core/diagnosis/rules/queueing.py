@@ -123,12 +123,14 @@ def queue_from_histograms(ctx: Context, cap: float | None) -> list[Finding]:
     (counted above a bucket bound of request_queue_time_seconds, never interpolated), a share of the
     window's requests and over ``queue_min_seconds``; queueing, not prefill, is what they waited
     for; and no other cause explains a wait — no preemption (the KV cache), no full cache, no stall,
-    hung rank, long prefill step, sleep, deferral or admission limit. The batch size to suggest comes
-    from :func:`occupancy` when the flag is not known."""
+    hung rank, long prefill step, sleep in the window, deferral or admission limit. The batch size
+    to suggest comes from :func:`occupancy` when the flag is not known."""
     t = ctx.thresholds
-    if not ctx.gauges_blind or ctx.stalls or ctx.silent_ranks or ctx.itl.head_of_line:
+    # Requests held by a sleeping engine, a stall or a hung rank finish later with long queue times too.
+    if not ctx.gauges_blind or ctx.stalls or ctx.silent_ranks or ctx.itl.head_of_line or any(
+            iv.asleep for iv in ctx.intervals):
         return []
-    ivs = [iv for iv in ctx.intervals if iv.queue_time is not None and not iv.asleep and not iv.restarted]
+    ivs = [iv for iv in ctx.intervals if iv.queue_time is not None and not iv.restarted]
     window = merge_histograms([iv.queue_time for iv in ivs])
     if window is None or window.count <= 0:
         return []
