@@ -298,3 +298,15 @@ def test_overview_without_budgets_says_how_to_get_goodput() -> None:
     at = app().run()
     assert not at.exception
     assert any("Set a TTFT or ITL budget" in c.value for c in at.caption)
+
+
+def test_live_page_shows_goodput_against_the_sidebar_budgets() -> None:
+    register(fed_collector())
+    at = app("pages/1_Live.py")
+    at.session_state["itl_budget_ms"] = 80.0
+    at.run()
+    assert not at.exception
+    assert metric(at, "Within TTFT budget") == "no budget"
+    # 80 ms falls between the TPOT buckets' 75 and 100 ms bounds: a lower bound, from 75 ms.
+    assert metric(at, "Within ITL budget").startswith("≥ ")
+    assert any("within 75 ms, the bucket bound ≤ the 80 ms budget" in c.value.replace("\\", "") for c in at.caption)

@@ -117,3 +117,13 @@ def test_the_fleet_row_shows_goodput_and_a_dash_without_budgets() -> None:
     assert FleetRow("a:8000", "m", True, {}, slo=slo).goodput_text == "≥ 60.0 %"
     assert FleetRow("a:8000", "m", True, {}).goodput_text == "—"
     assert FleetRow("a:8000", "m", True, {}, slo=slo).to_json()["slo"]["goodput_at_least"] == pytest.approx(0.6)
+
+
+def test_the_fleet_table_frame_has_the_goodput_column() -> None:
+    from diagnostics.core.fleet.table import FleetRow
+    from diagnostics.ui import fleet_view
+
+    slo = SloAttainment(attainment(HIST, 1.0, "request"), None, 100.0, 0.0, 0.0)
+    df = fleet_view.frame([FleetRow("a:8000", "m", True, {}, slo=slo)], "http://prometheus:9090", "")
+    assert df.loc[0, "goodput"] == "≥ 90.0 %"
+    assert "goodput" in fleet_view.column_config()
