@@ -11,8 +11,10 @@ from pathlib import Path
 
 from diagnostics.core.diagnosis import Finding, diagnose, prepare
 from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import Scrape
 from diagnostics.recording import Recording, read_lines, read_recording
 from tests.fixtures.incidents.zero_gauges import GAUGES, zero_line, zero_metrics
+from tests.unit.synth import text
 
 INCIDENTS = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
 
@@ -112,3 +114,22 @@ def test_requests_held_by_a_sleeping_engine_are_not_read_as_the_cap_when_the_gau
     findings = _diagnose(_zeroed("asleep_level0"))
     assert findings and findings[0].id == "engine_asleep"
     assert _queue(findings) is None
+
+
+def _two_engines(t: float, running: float, waiting: float) -> Scrape:
+    """Two engines of one server with the same gauges (synth's lines for engine 0, copied for engine 1)."""
+    one = text(gen=100 * t, prompt=50 * t, running=running, waiting=waiting, usage=0.2)
+    other = "\n".join(line.replace('engine="0"', 'engine="1"') for line in one.splitlines()
+                      if 'engine="0"' in line and not line.startswith("vllm:cache_config_info"))
+    return Scrape(t, parse_snapshot(one + other + "\n"))
+
+
+def test_under_data_parallelism_the_cap_and_the_advice_are_per_engine() -> None:
+    """--max-num-seqs holds per engine: two engines at 4 running with 3 waiting each are at a cap of 4,
+    and the advice is 4 + 3, not the server's 8 running plus its 6 waiting."""
+    ctx = prepare([_two_engines(float(t), 4, 3) for t in range(12)])
+    finding = _queue(diagnose(ctx))
+    assert finding is not None and finding.evidence["evidence_basis"] == "gauges"
+    assert finding.evidence["num_engines"] == 2 and finding.evidence["num_requests_running_cap"] == 4
+    assert finding.suggestions[0].value == 7
+    assert "per engine (2 engines)" in finding.title

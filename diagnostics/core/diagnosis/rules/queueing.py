@@ -11,6 +11,7 @@ from diagnostics.core.diagnosis.data_parallel import engines_of
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
 from diagnostics.core.diagnosis.types import Finding, Suggestion
+from diagnostics.core.metrics.catalog import EngineKey, Snapshot
 from diagnostics.core.metrics.derive import (
     count_above,
     counter_steps,
@@ -30,7 +31,12 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
     t, ok = ctx.thresholds, ctx.ok
     if not exposes(ctx, "num_requests_waiting"):
         return [absent("vllm:num_requests_waiting", "queueing", "Queueing cannot be seen.")]
-    cap = ctx.flags.max_num_seqs or max_gauge(ctx, "num_requests_running")
+    # --max-num-seqs holds per engine: with data parallelism each engine is judged at its own cap.
+    engines = engines_of(ok)
+    units: list[EngineKey | None] = list(engines) if len(engines) > 1 else [None]
+    caps = {u: ctx.flags.max_num_seqs or max((snap.value("num_requests_running", u) or 0) for _, snap in ok)
+            for u in units}
+    cap = max(caps.values())
     if cap <= 0:
         return queue_from_histograms(ctx, None)
     points = []
@@ -41,34 +47,32 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
         if any(a <= scrape.ts <= b for a, b in skews):
             points.append((scrape.ts, False))  # another engine had room: routing (engine_imbalance), not the cap
             continue
-        by_reason = snap.by_label("num_requests_waiting_by_reason") or {}
-        waiting = by_reason.get("capacity", snap.value("num_requests_waiting") or 0)
-        usage = snap.value("kv_cache_usage_perc")
-        at_cap = (snap.value("num_requests_running") or 0) >= cap
         stalled = any(s.start <= scrape.ts <= s.end for s in ctx.stalls) or ctx.itl.blocked(scrape.ts)
-        points.append((scrape.ts, waiting > 0 and at_cap and not stalled and (usage is None or usage < t.kv_low_perc)))
+        points.append((scrape.ts, not stalled and any(_queued_at_cap(snap, u, caps[u], t.kv_low_perc) for u in units)))
     found = [e for e in episodes(points, t.queue_merge_seconds) if e[1] - e[0] >= t.queue_min_seconds]
     if not found:
         return queue_from_histograms(ctx, cap)
     in_ep = [(s, snap) for s, snap in ok if any(a <= s.ts <= b for a, b in found)]
-    peak_waiting = max(snap.value("num_requests_waiting") or 0 for _, snap in in_ep)
+    peak_waiting = max((snap.value("num_requests_waiting", u) or 0) for _, snap in in_ep for u in units)
     max_usage = max((snap.value("kv_cache_usage_perc") or 0) for _, snap in in_ep)
     seconds = sum(b - a for a, b in found)
     target = int(cap + peak_waiting)
+    where = f" per engine ({len(units)} engines)" if len(units) > 1 else ""
+    one = " on one engine" if len(units) > 1 else ""
     return [
         Finding(
             id="queue_at_cap",
             severity="warning",
-            title=f"Queueing at the concurrency cap: {cap:.0f} running, up to {peak_waiting:.0f} waiting, "
-            f"KV usage ≤ {max_usage * 100:.0f} %",
-            evidence={"evidence_basis": "gauges",
+            title=f"Queueing at the concurrency cap: {cap:.0f} running{where}, up to {peak_waiting:.0f} "
+            f"waiting{one}, KV usage ≤ {max_usage * 100:.0f} %",
+            evidence={"evidence_basis": "gauges", "num_engines": len(units),
                       "num_requests_running_cap": cap, "cap_known_from_flags": ctx.flags.max_num_seqs is not None,
                       "max_num_requests_waiting": peak_waiting, "max_kv_cache_usage_perc": max_usage,
                       "seconds_queued_at_cap": round(seconds, 3)},
             suggestions=(
                 Suggestion("--max-num-seqs", "increase", target,
-                           f"Running sat at {cap:.0f} for {fmt_duration(seconds)} with up to {peak_waiting:.0f} "
-                           f"waiting while the KV cache stayed ≤ {max_usage * 100:.0f} % full: the cap, not memory, "
+                           f"Running sat at {cap:.0f}{where} for {fmt_duration(seconds)} with up to "
+                           f"{peak_waiting:.0f} waiting{one} while the KV cache stayed ≤ {max_usage * 100:.0f} % full: the cap, not memory, "
                            "is what queues."),
             ),
             checks=(
@@ -79,6 +83,16 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
             time_range=(found[0][0], found[-1][1]),
         )
     ]
+
+
+def _queued_at_cap(snap: Snapshot, unit: EngineKey | None, cap: float, kv_low: float) -> bool:
+    """Requests waiting for capacity while running sits at ``cap`` and the KV cache has room, on one
+    engine (or, with ``unit`` None, the whole server)."""
+    by_reason = snap.by_label("num_requests_waiting_by_reason", unit) or {}
+    waiting = by_reason.get("capacity", snap.value("num_requests_waiting", unit) or 0)
+    usage = snap.value("kv_cache_usage_perc", unit)
+    running = snap.value("num_requests_running", unit) or 0
+    return waiting > 0 and cap > 0 and running >= cap and (usage is None or usage < kv_low)
 
 
 @dataclass(frozen=True, slots=True)
