@@ -60,9 +60,10 @@ class Change:
 
 def parts(ctx: Context) -> Parts | None:
     """The late part is the window's last third (at most ``change_recent_max_seconds``); the early
-    part the first third, or — when the window reaches that far back — the
-    ``change_baseline_max_seconds`` (an hour) before the late part. None when either part is shorter
-    than ``change_min_part_seconds`` or holds no interval."""
+    part a third of the window (at most ``change_baseline_max_seconds``, an hour), beginning no
+    earlier than that hour before the late part: the window's first third, and on a long history the
+    previous hour. None when either part is shorter than ``change_min_part_seconds`` or holds no
+    interval."""
     t = ctx.thresholds
     ivs = [iv for iv in ctx.intervals if not iv.restarted and not iv.asleep]
     if not ivs:
