@@ -9,10 +9,14 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from diagnostics.core.diagnosis import Finding, diagnose, prepare
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.recording import Recording, read_lines, read_recording
+from tests.fixtures.incidents import record, zero_gauges
+from tests.fixtures.incidents.corpus import labels
 from tests.fixtures.incidents.zero_gauges import GAUGES, zero_line, zero_metrics
 from tests.unit.synth import text
 
@@ -133,3 +137,17 @@ def test_under_data_parallelism_the_cap_and_the_advice_are_per_engine() -> None:
     assert finding.evidence["num_engines"] == 2 and finding.evidence["num_requests_running_cap"] == 4
     assert finding.suggestions[0].value == 7
     assert "per engine (2 engines)" in finding.title
+
+
+@pytest.mark.parametrize("name", sorted(record.DERIVED))
+def test_a_derived_fixture_is_its_recorded_source_transformed_and_says_so(name: str) -> None:
+    """A "gauges read 0" fixture is the real recording with only the gauge samples rewritten (every
+    record, in order), named and labelled for the transformation, and judged by its source's label."""
+    source = record.DERIVED[name]
+    assert name.endswith("_gauges_zeroed") and name.startswith(source)
+    src, derived = read_recording(record.HERE / f"{source}.jsonl.gz"), read_recording(record.HERE / f"{name}.jsonl.gz")
+    assert [(r.ts, zero_gauges.zero_metrics(r.metrics) if r.metrics else None) for r in src.records] == \
+        [(r.ts, r.metrics) for r in derived.records]
+    label, source_label = labels()[name], labels()[source]
+    assert label == record.derived_label(name, source_label)
+    assert label["expect"] == source_label["expect"] and "derived" in label["how"]
