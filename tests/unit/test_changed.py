@@ -82,3 +82,13 @@ def test_the_baseline_is_the_hour_before_the_late_part_when_the_window_holds_it(
     assert p is not None
     assert p.late_range[1] - p.late_range[0] == 900.0
     assert p.early_range == (p.late_range[0] - 3600.0, p.late_range[0])
+
+
+def test_the_same_rise_with_prompts_twice_as_long_is_explained_by_the_prompts() -> None:
+    """Half the requests with prompts twice as long: the prompt tokens per second stay the same, the
+    requests started per second halve, and the longer prompts explain a slower answer."""
+    per_second = [{"gen": 200.0, "prompt": 100.0, "itl_counts": FAST if t < 15 else SLOW, "running": 4.0,
+                   "ttft_counts": [2.0, 0.0, 0.0] if t < 15 else [1.0, 0.0, 0.0]} for t in range(30)]
+    assert _changed(diagnose(prepare(cumulative(per_second)))) is None
+    same = [{**second, "ttft_counts": [2.0, 0.0, 0.0]} for second in per_second]
+    assert _changed(diagnose(prepare(cumulative(same)))) is not None

@@ -140,10 +140,11 @@ class Thresholds:
     hist_queue_share: float = 0.05
     # unexplained_change: TTFT or ITL p95 up, or tokens/s per running request down, by this factor
     # from the window's early part to its late part, while no load measure (prompt tokens/s, requests
-    # started/s, mean running) rose by ``change_load_factor``. The late part is the last third (at
-    # most ``change_recent_max_seconds``), the early part the first third or the hour before the late
-    # part (``change_baseline_max_seconds``); each at least ``change_min_part_seconds`` long, with at
-    # least ``change_min_itl_observations`` token gaps or ``change_min_requests`` first tokens.
+    # started/s, prompt tokens per request, mean running) rose by ``change_load_factor``. The late part
+    # is the last third (at most ``change_recent_max_seconds``), the early part the first third or the
+    # hour before the late part (``change_baseline_max_seconds``); each at least
+    # ``change_min_part_seconds`` long, with at least ``change_min_itl_observations`` token gaps or
+    # ``change_min_requests`` first tokens.
     change_factor: float = 2.0
     change_load_factor: float = 1.5
     change_recent_max_seconds: float = 900.0

@@ -149,7 +149,8 @@ def _rate_fall(ctx: Context, p: Parts) -> Change | None:
 
 def load(ivs: Sequence[Interval]) -> dict[str, float | None]:
     """What the clients asked of the server in a part: prompt tokens and first tokens (requests
-    started) per second, and the mean running count when the gauge sees it."""
+    started) per second, prompt tokens per request started (longer prompts take longer to prefill
+    and to attend over), and the mean running count when the gauge sees it."""
     seconds = ivs[-1].end - ivs[0].start
     prompt = [iv.prompt_tokens for iv in ivs if iv.prompt_tokens is not None]
     started = [iv.ttft.count for iv in ivs if iv.ttft is not None]
@@ -157,6 +158,7 @@ def load(ivs: Sequence[Interval]) -> dict[str, float | None]:
     return {
         "prompt_tokens_per_second": sum(prompt) / seconds if prompt and seconds > 0 else None,
         "requests_started_per_second": sum(started) / seconds if started and seconds > 0 else None,
+        "mean_prompt_tokens": sum(prompt) / sum(started) if prompt and started and sum(started) > 0 else None,
         "mean_num_requests_running": (sum(r * dt for r, dt in running) / seconds
                                       if running and seconds > 0 and any(r for r, _ in running) else None),
     }
@@ -216,7 +218,8 @@ def unexplained_change(ctx: Context) -> list[Finding]:
             "A deploy or a change around that time: a new image, model revision, driver or runtime, a node "
             "move — compare with the deploy log.",
             "Not a capacity problem by the numbers here: the load (prompt tokens/s, requests started/s, "
-            "running) stayed within the factor, so more --max-num-seqs or KV cache is not the answer.",
+            "prompt length, running) stayed within the factor, so more --max-num-seqs or KV cache is not the "
+            "answer.",
         ),
         time_range=(since, p.late[-1].end),
     )]
