@@ -178,16 +178,16 @@ def queue_from_histograms(ctx: Context, cap: float | None) -> list[Finding]:
     blind = sum(1 for iv in ctx.intervals if (iv.generation_tokens or 0) > 0 and not iv.num_requests_running)
     flowing = sum(1 for iv in ctx.intervals if (iv.generation_tokens or 0) > 0)
     share = long / window.count
-    where = f" per engine ({engines} engines)" if engines > 1 else ""
+    where = " per engine" if engines > 1 else ""
     cap_text = (f"--max-num-seqs {per_engine_cap:.0f}" if known and per_engine_cap is not None else
-                f"about {per_engine_cap:.0f} running{where} (estimated)" if per_engine_cap is not None else
-                "the cap")
+                f"about {per_engine_cap:.0f} running (estimated from finished requests)" if per_engine_cap is not None
+                else "the cap")
     why = (f"{long:.0f} of {window.count:.0f} requests ({share * 100:.0f} %) queued ≥ "
            f"{fmt_seconds_as_ms(t.hist_queue_min_seconds)} (mean {fmt_seconds_as_ms(mean_queue)}"
            + (f" against {fmt_seconds_as_ms(prefill)} of prefill" if prefill is not None else "")
            + f") with no preemption and the KV cache ≤ {usage * 100:.0f} % full: the cap, not memory, is what "
-           "queues" + (f"; about {waiting:.1f} waited{where} on average beside {cap_text}" if waiting is not None
-                       else "") + ".")
+           "queues" + (f"; on average about {waiting:.1f} waited{where} beside {cap_text}"
+                       + (f", over {engines} engines" if engines > 1 else "") if waiting is not None else "") + ".")
     return [Finding(
         id="queue_at_cap",
         severity="warning",
