@@ -92,3 +92,14 @@ def test_the_same_rise_with_prompts_twice_as_long_is_explained_by_the_prompts() 
     assert _changed(diagnose(prepare(cumulative(per_second)))) is None
     same = [{**second, "ttft_counts": [2.0, 0.0, 0.0]} for second in per_second]
     assert _changed(diagnose(prepare(cumulative(same)))) is not None
+
+
+def test_a_tail_that_rises_while_p95_holds_is_a_change_on_enough_gaps() -> None:
+    """A co-tenant that stalls the engine now and then: 3 % of the gaps go from ≤ 25 ms to (0.3, 0.4] s,
+    p95 stays in its bucket, p99 moves; judged only with 500 gaps or more in each part."""
+    tail = [0.0, 194.0] + [0.0] * 6 + [6.0] + [0.0] * 5
+    finding = _changed(diagnose(prepare(changed_window(slow=tail))))
+    assert finding is not None and "ITL p99 rose" in finding.title and "itl_p95_before" not in finding.evidence
+    assert finding.evidence["itl_p99_after"] >= 0.3
+    few = Thresholds(change_min_itl_tail_observations=5000)  # 10 s × 200 gaps: under it, no p99 judged
+    assert _changed(diagnose(prepare(changed_window(slow=tail), thresholds=few))) is None

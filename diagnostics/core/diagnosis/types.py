@@ -152,6 +152,9 @@ class Thresholds:
     change_min_part_seconds: float = 8.0
     change_min_itl_observations: int = 100
     change_min_requests: int = 10
+    # ITL p99 is judged too (when p95 did not move) on at least this many gaps in each part: a p99
+    # then rests on five or more of them.
+    change_min_itl_tail_observations: int = 500
     # Rejections are counted between scrapes; the state that caused them is read from this long before
     # the first interval with a rejection (up to ``admission_drain_seconds`` after the last).
     admission_lead_seconds: float = 5.0

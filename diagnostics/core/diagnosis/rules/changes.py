@@ -1,5 +1,5 @@
-"""Numbers that moved with nothing to explain them: TTFT or ITL p95 up, or tokens per second per
-running request down, by more than ``Thresholds.change_factor`` against the window's own early part
+"""Numbers that moved with nothing to explain them: TTFT or ITL p95 up (or ITL p99, on enough token
+gaps), or tokens per second per running request down, by more than ``Thresholds.change_factor`` against the window's own early part
 (or the hour before, when the window holds it), while the load stayed about the same and no other
 rule found anything. Said instead of silence: a slower GPU (clocks, throttling), a co-tenant on the
 device or the host, or a deploy changes these numbers and no vLLM flag does.
@@ -43,7 +43,7 @@ class Parts:
 class Change:
     """One measure that got worse by ``factor`` (≥ the threshold) from the early part to the late one."""
 
-    measure: str  # "itl_p95", "ttft_p95", "tokens_per_second_per_running_request"
+    measure: str  # "itl_p95", "itl_p99", "ttft_p95", "tokens_per_second_per_running_request"
     before: float
     after: float
     factor: float
@@ -53,7 +53,7 @@ class Change:
         if self.measure == "tokens_per_second_per_running_request":
             return (f"tokens/s per running request fell {self.factor:.1f}× ({self.before:.1f} → "
                     f"{self.after:.1f})")
-        name = {"itl_p95": "ITL p95", "ttft_p95": "TTFT p95"}[self.measure]
+        name = {"itl_p95": "ITL p95", "itl_p99": "ITL p99", "ttft_p95": "TTFT p95"}[self.measure]
         return (f"{name} rose {self.factor:.1f}× ({fmt_seconds_as_ms(self.before)} → "
                 f"{fmt_seconds_as_ms(self.after)})")
 
@@ -103,16 +103,16 @@ def _rose(q_early: Quantile, q_late: Quantile, factor: float) -> tuple[float, fl
     return before, after
 
 
-def _p95_rise(ctx: Context, p: Parts, measure: str, pick: Callable[[Interval], Histogram | None],
-              min_count: float) -> Change | None:
-    """A p95 that rose by the factor, judged on what the buckets allow: the baseline's highest
-    possible value against the recent part's lowest."""
+def _rise(ctx: Context, p: Parts, measure: str, q: float, pick: Callable[[Interval], Histogram | None],
+          min_count: float) -> Change | None:
+    """A quantile ``q`` that rose by the factor from the early part to the late one (:func:`_rose`),
+    each part holding at least ``min_count`` observations."""
     t = ctx.thresholds
     early = merge_histograms([pick(iv) for iv in p.early])
     late = merge_histograms([pick(iv) for iv in p.late])
     if early is None or late is None or early.count < min_count or late.count < min_count:
         return None
-    q_early, q_late = quantile_estimate(0.95, early), quantile_estimate(0.95, late)
+    q_early, q_late = quantile_estimate(q, early), quantile_estimate(q, late)
     if q_early is None or q_late is None:
         return None
     rose = _rose(q_early, q_late, t.change_factor)
@@ -120,7 +120,7 @@ def _p95_rise(ctx: Context, p: Parts, measure: str, pick: Callable[[Interval], H
         return None
     before, after = rose
     since = next((iv.start for iv in p.since_early if (h := pick(iv)) is not None and h.count > 0
-                  and (q := quantile_estimate(0.95, h)) is not None and _rose(q_early, q, t.change_factor)),
+                  and (qi := quantile_estimate(q, h)) is not None and _rose(q_early, qi, t.change_factor)),
                  p.late[0].start)
     return Change(measure, before, after, after / before, since)
 
@@ -177,8 +177,8 @@ def _load_rose(before: dict[str, float | None], after: dict[str, float | None], 
 
 
 def unexplained_change(ctx: Context) -> list[Finding]:
-    """TTFT or ITL p95 up, or tokens/s per running request down, by ``change_factor`` or more against
-    the early part (:func:`parts`) at about the same load, with no other rule to explain it."""
+    """TTFT or ITL p95 up (or ITL p99), or tokens/s per running request down, by ``change_factor`` or
+    more against the early part (:func:`parts`) at about the same load, with no other rule to explain it."""
     t = ctx.thresholds
     p = parts(ctx)
     if p is None or ctx.stalls:
@@ -186,9 +186,13 @@ def unexplained_change(ctx: Context) -> list[Finding]:
     before_load, after_load = load(p.early), load(p.late)
     if _load_rose(before_load, after_load, t.change_load_factor) is not None:
         return []
+    itl = _rise(ctx, p, "itl_p95", 0.95, lambda iv: iv.itl, t.change_min_itl_observations)
+    # A device or host that stalls the engine now and then moves the tail first: p99, on enough gaps
+    # that it rests on several of them.
+    tail = None if itl else _rise(ctx, p, "itl_p99", 0.99, lambda iv: iv.itl, t.change_min_itl_tail_observations)
     changes = [c for c in (
-        _p95_rise(ctx, p, "itl_p95", lambda iv: iv.itl, t.change_min_itl_observations),
-        _p95_rise(ctx, p, "ttft_p95", lambda iv: iv.ttft, t.change_min_requests),
+        itl, tail,
+        _rise(ctx, p, "ttft_p95", 0.95, lambda iv: iv.ttft, t.change_min_requests),
         _rate_fall(ctx, p),
     ) if c is not None]
     if not changes:

@@ -10,7 +10,6 @@ from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, quantile_evidence, whole
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
-from diagnostics.core.diagnosis.rules.queueing import occupancy
 from diagnostics.core.diagnosis.types import Finding, Suggestion
 from diagnostics.core.metrics.derive import (
     count_above,
@@ -206,11 +205,6 @@ def ttft(ctx: Context) -> list[Finding]:
         if usage < t.kv_low_perc:
             cap = flags.max_num_seqs or max_gauge(ctx, "num_requests_running")
             waiting = max_gauge(ctx, "num_requests_waiting")
-            occ = occupancy(ctx) if ctx.gauges_blind and not (cap and waiting) else None
-            if occ is not None and occ.running_per_engine is not None:
-                # The gauges missed the work: the occupancy the finished requests imply, per engine.
-                cap = cap or round(occ.running_per_engine)
-                waiting = math.ceil(occ.waiting_per_engine)
             suggestion = Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap else None,
                                     "Requests wait for a slot while the KV cache has room.")
         else:

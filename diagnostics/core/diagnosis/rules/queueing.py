@@ -168,26 +168,26 @@ def queue_from_histograms(ctx: Context, cap: float | None) -> list[Finding]:
         return []
     occ = occupancy(ctx)
     engines = occ.num_engines if occ is not None else 1
-    known = ctx.flags.max_num_seqs is not None
+    cap_flag = ctx.flags.max_num_seqs
     running = occ.running_per_engine if occ is not None else None
-    per_engine_cap = float(ctx.flags.max_num_seqs) if known and ctx.flags.max_num_seqs else (
-        round(running) if running is not None and running >= 1 else None)
     waiting = occ.waiting_per_engine if occ is not None else None
-    target = (int(per_engine_cap + math.ceil(waiting)) if per_engine_cap is not None and waiting is not None
-              else None)
+    # A value only from the known flag: the mean occupancy is at most the cap (the batch is not full
+    # all the time), so a cap estimated from it could suggest "raising" it to what it already is.
+    target = cap_flag + max(1, math.ceil(waiting)) if cap_flag and waiting is not None else None
     blind = sum(1 for iv in ctx.intervals if (iv.generation_tokens or 0) > 0 and not iv.num_requests_running)
     flowing = sum(1 for iv in ctx.intervals if (iv.generation_tokens or 0) > 0)
     share = long / window.count
     where = " per engine" if engines > 1 else ""
-    cap_text = (f"--max-num-seqs {per_engine_cap:.0f}" if known and per_engine_cap is not None else
-                f"about {per_engine_cap:.0f} running (estimated from finished requests)" if per_engine_cap is not None
-                else "the cap")
+    occupied = (f"; on average {running:.1f} ran and {waiting:.1f} waited{where}"
+                + (f" over {engines} engines" if engines > 1 else "") + " (from finished requests: Little's law)"
+                if running is not None and waiting is not None else "")
     why = (f"{long:.0f} of {window.count:.0f} requests ({share * 100:.0f} %) queued ≥ "
            f"{fmt_seconds_as_ms(t.hist_queue_min_seconds)} (mean {fmt_seconds_as_ms(mean_queue)}"
            + (f" against {fmt_seconds_as_ms(prefill)} of prefill" if prefill is not None else "")
            + f") with no preemption and the KV cache ≤ {usage * 100:.0f} % full: the cap, not memory, is what "
-           "queues" + (f"; on average about {waiting:.1f} waited{where} beside {cap_text}"
-                       + (f", over {engines} engines" if engines > 1 else "") if waiting is not None else "") + ".")
+           f"queues{occupied}."
+           + ("" if cap_flag else " The cap is not known here (pass --max-num-seqs, or the server's log): raise it "
+              f"by about the waiting count{where} or more."))
     return [Finding(
         id="queue_at_cap",
         severity="warning",
@@ -199,8 +199,8 @@ def queue_from_histograms(ctx: Context, cap: float | None) -> list[Finding]:
                   "queued_over_min_seconds": t.hist_queue_min_seconds, "mean_queue_seconds": mean_queue,
                   "mean_prefill_seconds": prefill, "max_kv_cache_usage_perc": usage,
                   "intervals_gauge_read_zero": blind, "intervals_with_tokens": flowing,
-                  "num_engines": engines, "num_requests_running_cap": per_engine_cap,
-                  "cap_known_from_flags": known,
+                  "num_engines": engines, "num_requests_running_cap": cap_flag,
+                  "cap_known_from_flags": cap_flag is not None,
                   "estimated_running_per_engine": round(running, 2) if running is not None else None,
                   "estimated_waiting_per_engine": round(waiting, 2) if waiting is not None else None,
                   "finished_requests_per_second": round(occ.requests_per_second, 3) if occ is not None else None,
