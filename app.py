@@ -1,11 +1,15 @@
-"""vLLM triage dashboard, the landing page: is the target up, what is it, the numbers to read first.
+"""vLLM triage dashboard, the landing page: is the target up, the verdict (the worst finding, or
+healthy), goodput against the budgets, what it is, the numbers to read first.
 
 Run with ``streamlit run app.py``; the other views are in pages/ and share the sidebar.
 """
 
 import streamlit as st
 
-from diagnostics.core.metrics.derive import derive_state
+from diagnostics.core.diagnosis import diagnose, prepare
+from diagnostics.core.diagnosis.verdict import verdict
+from diagnostics.core.metrics.derive import derive_state, window
+from diagnostics.core.metrics.slo import slo_attainment
 from diagnostics.ui import cards, resources, shell, state
 
 target = shell.page("vLLM triage")
@@ -19,7 +23,13 @@ def overview() -> None:
     collector = resources.source(target)
     status, history = collector.status(), collector.history()
     cards.status_banner(status)
-    derived = derive_state(history, state.quantile_window_seconds())
+    seconds, budgets = state.quantile_window_seconds(), state.budgets()
+    recent = window(history, seconds)
+    # The verdict before any number: the worst finding of the recent window, or healthy.
+    cards.verdict_banner(verdict(diagnose(prepare(recent, info=status.info, budgets=budgets,
+                                                  max_num_seqs=state.max_num_seqs()))), seconds)
+    derived = derive_state(history, seconds)
+    cards.slo_line(slo_attainment(recent, budgets.ttft_ms, budgets.itl_ms))
     st.subheader("Server")
     cards.config_card(status.info, derived.cache_config)
     st.subheader("Now")

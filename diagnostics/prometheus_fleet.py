@@ -22,6 +22,7 @@ from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.info import ServerInfo, TargetStatus
+from diagnostics.core.metrics.slo import SloAttainment, slo_attainment
 from diagnostics.errors import TargetError
 from diagnostics.recording import Record
 from diagnostics.sources.prometheus import PrometheusClient
@@ -124,17 +125,20 @@ def fleet_report(
     }
     found: dict[str, list[Finding]] = {}
     errors: dict[str, str] = {}
+    attained: dict[str, SloAttainment | None] = {}
     if diagnose_instances and instances:
         per = histories(client, scope, window)
         model_of = {d.instance: d.model for d in instances}
         for instance, history in per.items():
+            if budgets is not None:
+                attained[instance] = slo_attainment(history, budgets.ttft_ms, budgets.itl_ms)
             try:
                 found[instance] = diagnose(prepare(history, info=server_info(model_of.get(instance)),
                                                     budgets=budgets or Budgets()))
             except Exception as exc:  # noqa: BLE001 - one instance's odd data must not blank the fleet
                 errors[instance] = f"diagnosis failed: {type(exc).__name__}"
     drawn = fleet_charts(client, scope, range_s=range_s, end=end) if charts and instances else {}
-    table = rows(instances, columns, found, errors)
+    table = rows(instances, columns, found, errors, attained)
     return FleetReport(window, table, fleet_findings(table), outliers(table), client.num_requests - before, drawn)
 
 

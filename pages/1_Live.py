@@ -4,7 +4,8 @@ import time
 
 import streamlit as st
 
-from diagnostics.core.metrics.derive import derive_state
+from diagnostics.core.metrics.derive import derive_state, window
+from diagnostics.core.metrics.slo import slo_attainment
 from diagnostics.recording import encode_recording
 from diagnostics.ui import cards, charts, resources, shell, state
 
@@ -20,6 +21,8 @@ def live() -> None:
     status, history, gpus = collector.status(), collector.history(), collector.gpu_history()
     cards.status_banner(status)
     cards.headline(derive_state(history, state.quantile_window_seconds()), status, history)
+    budgets = state.budgets()
+    cards.slo_line(slo_attainment(window(history, state.quantile_window_seconds()), budgets.ttft_ms, budgets.itl_ms))
     charts.panels(
         history,
         window_seconds=state.prom_range_seconds() if target.prometheus else state.window_seconds(),

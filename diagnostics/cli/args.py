@@ -108,6 +108,7 @@ def build_parser() -> Parser:
     status.add_argument("--seconds", type=_positive, default=2.0, help="with --url: seconds to collect first")
     status.add_argument("--window", type=_positive, default=60.0, help="window for rates and quantiles, seconds")
     status.add_argument("--json", action="store_true", help="one JSON object")
+    budget_args(status)  # with a budget: the share of requests within it (goodput)
     diag = sub.add_parser("diagnose", help="findings and flag changes for a server, a recording or a startup log")
     if isinstance(diag, Parser):  # always: the subparsers take the parent's class
         diag.usage_exit = EXIT_UNKNOWN

@@ -17,6 +17,8 @@ from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Budgets, Thresholds, diagnose, exit_code, prepare
 from diagnostics.core.diagnosis.alerts import alert_rules_yaml
 from diagnostics.core.metrics.derive import derive_state
+from diagnostics.core.metrics.derive import window as window_of
+from diagnostics.core.metrics.slo import slo_attainment
 from diagnostics.core.metrics.status import StatusReport
 from diagnostics.errors import TargetError
 from diagnostics.recording import RecordingWriter
@@ -60,7 +62,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     source = window.source(args, since=args.since or max(args.window, 60.0) * 2)
     assert source is not None  # the parser asks for exactly one source
     status = source.status()
-    report = StatusReport.of(status, derive_state(source.history(), args.window))
+    history = source.history()
+    slo = slo_attainment(window_of(history, args.window), args.ttft_budget_ms, args.itl_budget_ms)
+    report = StatusReport.of(status, derive_state(history, args.window), slo)
     if status.info_error:
         print(f"warning: {status.info_error}", file=sys.stderr)
     print(json.dumps(report.to_json(), indent=1) if args.json else render_status(report))

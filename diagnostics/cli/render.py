@@ -69,6 +69,7 @@ def render_status(report: StatusReport) -> str:
         f"TTFT          p50 {_lat(report, ttft, 0.5)}   p95 {_lat(report, ttft, 0.95)}",
         f"ITL           p50 {_lat(report, itl, 0.5)}   p95 {_lat(report, itl, 0.95)}",
         f"Queue time    p50 {_lat(report, queue, 0.5)}   p95 {_lat(report, queue, 0.95)}",
+        *([f"SLO           {report.slo.text()}"] if report.slo is not None else []),
     ]
     if d.asleep:
         lines.append("ASLEEP        " + ", ".join(f"engine {e} ({SLEEP_LEVELS.get(level, level)})"
@@ -145,7 +146,7 @@ def render_whatif(p: whatif.Prediction) -> str:
 def render_fleet(report: FleetReport) -> str:
     """One line per instance (the worst finding last), then the fleet's own findings."""
     lines = [f"{'instance':24} {'model':20} {'up':4} {'KV':>6} {'run':>5} {'wait':>5} {'preempt/s':>9} "
-             f"{'ITL p95':>9}  worst finding"]
+             f"{'ITL p95':>9} {'goodput':>9}  worst finding"]
     for row in report.rows:
         v = row.values
         worst = row.worst
@@ -153,7 +154,8 @@ def render_fleet(report: FleetReport) -> str:
             f"{row.instance[:24]:24} {(row.model or '—')[:20]:20} {_fmt(None if row.up is None else 'up' if row.up else 'DOWN'):4} "
             f"{_fmt(v.get('kv_cache_usage_perc'), '%', 100, 0):>6} {_fmt(v.get('num_requests_running'), digits=0):>5} "
             f"{_fmt(v.get('num_requests_waiting'), digits=0):>5} {_fmt(v.get('preemptions_per_s'), digits=2):>9} "
-            f"{_fmt_s(v.get('itl_p95_s')):>9}  {worst.severity.upper() + ' ' + worst.title if worst else '—'}"
+            f"{_fmt_s(v.get('itl_p95_s')):>9} {row.goodput_text:>9}  "
+            f"{worst.severity.upper() + ' ' + worst.title if worst else '—'}"
         )
     for f in report.findings:
         lines.append(f"{f.severity.upper():8} {f.text}")

@@ -11,9 +11,11 @@ from collections.abc import Sequence
 
 import streamlit as st
 
+from diagnostics.core.diagnosis.verdict import Verdict
 from diagnostics.core.metrics.catalog import CacheConfig
 from diagnostics.core.metrics.derive import DerivedState, Scrape, last_snapshot, since_start
 from diagnostics.core.metrics.info import ServerInfo, TargetStatus
+from diagnostics.core.metrics.slo import SloAttainment
 from diagnostics.core.text import SLEEP_LEVELS, fmt_bytes, fmt_latency, fmt_optional, fmt_when, md_escape
 
 STATE_TEXT = {
@@ -38,6 +40,31 @@ def status_banner(status: TargetStatus) -> None:
     getattr(st, kind)(line)
     if status.info_error:
         st.warning(f"Server info unavailable: {md_escape(status.info_error)}")
+
+
+def verdict_banner(v: Verdict, window_seconds: float) -> None:
+    """The verdict before any number: the worst finding's title, or healthy."""
+    more = f" (+{v.num_findings - 1} more on Diagnose)" if v.num_findings > 1 else ""
+    line = f"**{md_escape(v.title)}**{more} · last {window_seconds:g} s"
+    {"critical": st.error, "warning": st.warning}.get(v.severity or "", st.success)(line)
+
+
+def slo_line(slo: SloAttainment | None) -> None:
+    """Goodput against the sidebar's budgets, with the buckets' honesty; the error share beside it."""
+    if slo is None:
+        st.caption("Set a TTFT or ITL budget in the sidebar to see the share of requests within it (goodput).")
+        return
+    good = slo.goodput_at_least
+    cols = st.columns(4)
+    cols[0].metric("Goodput (within budgets)", "—" if good is None else f"≥ {good * 100:.1f} %")
+    cols[1].metric("Within TTFT budget", _share(slo.ttft.share_at_least if slo.ttft else None, slo.ttft is not None))
+    cols[2].metric("Within ITL budget", _share(slo.itl.share_at_least if slo.itl else None, slo.itl is not None))
+    cols[3].metric("Errors (finished)", _pct(slo.error_share))
+    st.caption(md_escape(slo.text()))
+
+
+def _share(value: float | None, judged: bool) -> str:
+    return "no budget" if not judged else "—" if value is None else f"≥ {value * 100:.1f} %"
 
 
 def config_card(info: ServerInfo | None, config: CacheConfig | None) -> None:

@@ -53,6 +53,7 @@ def frame(rows: list[FleetRow], url: str, selector: str) -> pd.DataFrame:
             "diagnose": link("Diagnose", url, selector, row),
             "up": {True: "up", False: "DOWN", None: "?"}[row.up],
             "worst finding": f"{worst.severity.upper()}: {worst.title}" if worst is not None else row.error or "—",
+            "goodput": row.goodput_text,
         }
         for col in FLEET_COLUMNS:
             scale, _ = _SCALE[col.unit]
@@ -69,6 +70,9 @@ def column_config() -> dict[str, Any]:
         "live": st.column_config.LinkColumn("Live", display_text="open ↗", help="this instance's charts, via Prometheus"),
         "diagnose": st.column_config.LinkColumn("Diagnose", display_text="open ↗"),
         "worst finding": st.column_config.TextColumn("worst finding", width="medium"),
+        "goodput": st.column_config.TextColumn(
+            "goodput", help="Share of requests certainly within the TTFT and ITL budgets set above (bucket "
+            "bounds at or under each budget)"),
     }
     for col in FLEET_COLUMNS:
         _, unit = _SCALE[col.unit]

@@ -85,6 +85,10 @@ def sidebar(config: TargetsConfig) -> Selected | None:
         step=1,
         help="vLLM does not export it; 0 = unknown.",
     )
+    for key, label in ((state.TTFT_BUDGET_MS, "TTFT budget, p95 (ms; 0 = none)"),
+                       (state.ITL_BUDGET_MS, "ITL budget, p95 (ms; 0 = none)")):
+        _persisted(sb.number_input, key, label, min_value=0.0, step=10.0,
+                   help="The share of requests within it (goodput) is shown on Overview, Live and Fleet.")
     return selected
 
 

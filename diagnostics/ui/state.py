@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from diagnostics.core.diagnosis.types import Budgets
+
 TARGET_NAME = "target_name"
 CUSTOM_URL = "custom_url"
 API_KEY = "api_key_input"
@@ -11,6 +13,8 @@ REFRESH_SECONDS = "refresh_seconds"
 WINDOW_SECONDS = "window_seconds"
 QUANTILE_WINDOW_SECONDS = "quantile_window_seconds"
 MAX_NUM_SEQS = "max_num_seqs"
+TTFT_BUDGET_MS = "ttft_budget_ms"  # the latency budgets goodput is judged against (0 = none)
+ITL_BUDGET_MS = "itl_budget_ms"
 SNAPSHOT_MINUTES = "snapshot_minutes"
 PROM_URL = "prometheus_url"
 PROM_SELECTOR = "prometheus_selector"
@@ -37,6 +41,8 @@ DEFAULTS: dict[str, object] = {
     WINDOW_SECONDS: "15 min",
     QUANTILE_WINDOW_SECONDS: "60 s",
     MAX_NUM_SEQS: 0,
+    TTFT_BUDGET_MS: 0.0,
+    ITL_BUDGET_MS: 0.0,
     PROM_URL: "",
     PROM_SELECTOR: "",
     PROM_RANGE: "15 min",
@@ -89,3 +95,11 @@ def prom_range_seconds() -> int:
 
 def prom_step_seconds() -> int:
     return PROM_STEP_CHOICES.get(str(get(PROM_STEP)), 0)
+
+
+def budgets() -> Budgets:
+    """The sidebar's latency budgets (0 = not judged)."""
+    def ms(key: str) -> float | None:
+        value = get(key)
+        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+    return Budgets(ttft_ms=ms(TTFT_BUDGET_MS), itl_ms=ms(ITL_BUDGET_MS))

@@ -255,3 +255,58 @@ def test_the_first_scrape_shows_the_servers_counters_since_start() -> None:
     assert metric(at, "Finished: stop (since start)") == "500"  # the most common reason first
     assert metric(at, "Finished: length (since start)") == "11"
     assert not [m for m in at.metric if m.label == "Finished: abort (since start)"]  # zero: not shown
+
+
+def _kinds_in_order(at: AppTest) -> list[str]:
+    """The main area's elements by type, in the order the page drew them."""
+    out: list[str] = []
+
+    def walk(node: object) -> None:
+        children = getattr(node, "children", None)
+        if isinstance(children, dict) and children:
+            for child in children.values():
+                walk(child)
+        else:
+            out.append(getattr(node, "type", type(node).__name__))
+
+    walk(at.main)
+    return out
+
+
+def test_overview_leads_with_the_verdict_before_any_number_and_shows_goodput_against_the_budgets() -> None:
+    """The recording behind the fed collector is a burst into 12 KV blocks (preempting): the verdict
+    names that finding, above the first metric; with budgets set, goodput is shown with its bound."""
+    register(fed_collector())
+    at = app()
+    at.session_state["ttft_budget_ms"] = 500.0
+    at.session_state["itl_budget_ms"] = 80.0
+    at.run()
+    assert not at.exception
+    alerts = [a.value for a in [*at.error, *at.warning] if "· last" in a.value]
+    assert alerts and "KV" in alerts[0], [a.value for a in [*at.error, *at.warning, *at.success]]
+    kinds = _kinds_in_order(at)
+    first_metric = kinds.index("metric")
+    assert any(k in ("error", "warning") for k in kinds[:first_metric]), kinds[:first_metric]
+    goodput = metric(at, "Goodput (within budgets)")
+    assert goodput.startswith("≥ ") and goodput.endswith("%")
+    # 500 ms is a bound of vLLM's TTFT buckets: the share there is exact, and said without a bound.
+    assert any("of requests within 500 ms" in c.value for c in at.caption), [c.value for c in at.caption]
+
+
+def test_overview_without_budgets_says_how_to_get_goodput() -> None:
+    register(fed_collector())
+    at = app().run()
+    assert not at.exception
+    assert any("Set a TTFT or ITL budget" in c.value for c in at.caption)
+
+
+def test_live_page_shows_goodput_against_the_sidebar_budgets() -> None:
+    register(fed_collector())
+    at = app("pages/1_Live.py")
+    at.session_state["itl_budget_ms"] = 80.0
+    at.run()
+    assert not at.exception
+    assert metric(at, "Within TTFT budget") == "no budget"
+    # 80 ms falls between the TPOT buckets' 75 and 100 ms bounds: a lower bound, from 75 ms.
+    assert metric(at, "Within ITL budget").startswith("≥ ")
+    assert any("within 75 ms, the bucket bound ≤ the 80 ms budget" in c.value.replace("\\", "") for c in at.caption)

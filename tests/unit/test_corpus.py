@@ -55,7 +55,7 @@ def test_the_diagnosis_matches_the_held_out_label(case: Case) -> None:
 def test_the_corpus_has_two_recordings_per_class_and_several_healthy_ones() -> None:
     per_class = Counter(label["class"] for label in labels().values())
     for incident in ("queue_at_cap", "kv_pressure", "sharing_off", "head_of_line", "slow_decode", "stall", "outage",
-                     "hung_rank", "admission", "deferred"):
+                     "hung_rank", "admission", "deferred", "unexplained_change"):
         assert per_class[incident] >= 2, per_class
     assert per_class["healthy"] >= 3
     assert len({label["shape"] for label in labels().values()}) >= 3

@@ -24,6 +24,7 @@ from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario
 from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
 from tests.unit.synth import down, scrape, text
+from tests.unit.test_changed import changed_window
 from tests.unit.test_rules import hol_history, steady
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -134,6 +135,7 @@ def _contexts() -> dict[str, Context]:
         "ttft_prefill": prepare(_ttft(0.1, 0.7), budgets=Budgets(ttft_ms=500)),
         "sharing_disabled": prepare(sampled),
         "sharing_not_happening": prepare(unshared),
+        "unexplained_change": prepare(changed_window()),
         "absent": prepare(bare),
         **{name: prepare([Scrape(ts, parse_snapshot(t)) for ts, t in Simulation(name).run_for(40)])
            for name in ("hung_rank", "lora_deferred", "admission_limit", "asleep", "spec_decode_low", "slow_rank",

@@ -49,6 +49,11 @@ class Interval:
     num_preemptions: float | None
     num_requests_running: float | None
     asleep: bool = False  # an engine was asleep at the interval's end (``engine_sleep_state``)
+    # What the requests that finished (queue time) or started (TTFT) in the interval waited, and how
+    # many finished: counted by the frontend per request, so they see load the gauges can miss.
+    queue_time: Histogram | None = None  # delta of request_queue_time_seconds
+    ttft: Histogram | None = None  # delta of time_to_first_token_seconds
+    requests_finished: float | None = None  # request_success, every finished_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,10 @@ class Context:
     # rule keeps those lasting as long as it needs (:meth:`skews_lasting`).
     load_skews: tuple[LoadSkew, ...]
     slow_ranks: tuple[SlowRank, ...]
+    # The running gauge read 0 at the end of most intervals in which tokens were generated (vLLM 0.32's
+    # per-engine gauges under data parallelism on a busy host): the gauge rules cannot see a queue, so
+    # the queue rules also judge from the per-request histograms (:func:`gauges_blind`).
+    gauges_blind: bool = False
 
     def skews_lasting(self, seconds: float) -> list[LoadSkew]:
         """The load skews that lasted at least ``seconds``."""
@@ -139,7 +148,22 @@ def prepare(
         silent_ranks=tuple(silent_ranks(ok, thresholds.hung_rank_min_seconds, thresholds.hung_rank_peer_batch)),
         load_skews=tuple(load_skews(ok, 0.0, thresholds.kv_full_perc, thresholds.skew_kv_gap)),
         slow_ranks=tuple(slow_ranks(ok, thresholds.slow_rank_window_seconds, thresholds.slow_rank_max_ratio)),
+        gauges_blind=gauges_blind(intervals, thresholds),
     )
+
+
+def gauges_blind(intervals: Sequence[Interval], t: Thresholds) -> bool:
+    """Whether the running gauge missed the work: tokens were generated in at least
+    ``blind_min_intervals`` intervals and the running gauge read 0 (or nothing) at the end of at
+    least ``blind_share`` of them. Short requests that finish between two scrapes do this on any
+    server; under data parallelism vLLM 0.32's per-engine gauges do it while requests queue
+    (``tests/fixtures/incidents/hung_rank_dp2``: 0 in every scrape). Blindness alone finds nothing:
+    it lets the queue rules read the histograms, which must then show the queue."""
+    flowing = [iv for iv in intervals if (iv.generation_tokens or 0) > 0 and not iv.restarted]
+    if len(flowing) < t.blind_min_intervals:
+        return False
+    unseen = sum(1 for iv in flowing if not iv.num_requests_running)
+    return unseen >= t.blind_share * len(flowing)
 
 
 def episodes(points: Sequence[tuple[float, bool]], merge_seconds: float = 0.0) -> list[tuple[float, float]]:
@@ -183,7 +207,17 @@ def _interval(prev: tuple[Scrape, Snapshot], cur: tuple[Scrape, Snapshot]) -> In
         num_preemptions=_counter(a, b, "num_preemptions", restart),
         num_requests_running=b.value("num_requests_running"),
         asleep=bool(b.asleep()),
+        queue_time=_histogram(a, b, "request_queue_time_seconds"),
+        ttft=_histogram(a, b, "time_to_first_token_seconds"),
+        requests_finished=_finished(a, b, restart),
     )
+
+
+def _finished(a: Snapshot, b: Snapshot, restart: bool) -> float | None:
+    by_a, by_b = a.by_label("request_success"), b.by_label("request_success")
+    if by_a is None or by_b is None:
+        return None
+    return sum(counter_step(by_a.get(reason, 0.0), value, restart) for reason, value in by_b.items())
 
 
 def _counter(a: Snapshot, b: Snapshot, concept: str, restart: bool) -> float | None:

@@ -16,13 +16,16 @@ def diagnose(ctx: Context) -> list[Finding]:
     """Every rule of :data:`RULES` over the context; findings sorted by severity, then time.
 
     While requests run and no token moves (``ctx.tokens_stopped``), rules marked
-    ``while_tokens_stopped=False`` are not run: their queue or capacity advice would be wrong. Every
+    ``while_tokens_stopped=False`` are not run: their queue or capacity advice would be wrong. Rules
+    marked ``only_when_quiet`` run last, and only when nothing above info was found. Every
     suggestion is checked against the server's known flags; one the configuration makes ineffective
     is dropped and the finding says why (see :meth:`KnownFlags.ineffective`).
     """
     findings: list[Finding] = []
-    for rule in RULES:
+    for rule in [r for r in RULES if not r.only_when_quiet] + [r for r in RULES if r.only_when_quiet]:
         if (rule.needs_scrapes and not ctx.ok) or (ctx.tokens_stopped is not None and not rule.while_tokens_stopped):
+            continue
+        if rule.only_when_quiet and any(f.severity != "info" for f in findings):
             continue
         findings += [_effective(f, ctx.flags) for f in run_rule(rule, ctx)]
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.time_range[0] if f.time_range else 0))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.logs import ERROR_PATTERNS
-from diagnostics.core.diagnosis.rules import features, latency, memory, outages, queueing, ranks, startup
+from diagnostics.core.diagnosis.rules import changes, features, latency, memory, outages, queueing, ranks, startup
 from diagnostics.core.diagnosis.types import Finding
 
 
@@ -47,7 +47,8 @@ class Rule:
     ``Context.tokens_stopped``). Head-of-line blocking keeps running: one long prefill step is
     itself seconds without tokens, and its advice must not flicker away during the next one.
     ``needs_scrapes``: the rule only runs when at least one scrape succeeded; with none, "this
-    server does not expose X" would be a false claim.
+    server does not expose X" would be a false claim. ``only_when_quiet``: the rule runs after the
+    others, and only when none of them found anything above info (a change no rule explains).
     """
 
     id: str
@@ -62,6 +63,7 @@ class Rule:
     window: bool = True
     while_tokens_stopped: bool = True
     needs_scrapes: bool = True
+    only_when_quiet: bool = False
 
     @property
     def finding_ids(self) -> tuple[str, ...]:
@@ -133,4 +135,7 @@ RULES: tuple[Rule, ...] = (
          scenario="parallel_no_prefix"),
     Rule("sharing_not_happening", memory.sharing_not_happening, ("sharing_not_happening",), ("sharing-wasted",),
          chart="prefix_cache_hit_rate", alert=None, scenario=None),
+    Rule("unexplained_change", changes.unexplained_change, ("unexplained_change",), (),
+         chart="inter_token_latency_seconds", alert=None, scenario=None, while_tokens_stopped=False,
+         only_when_quiet=True),
 )

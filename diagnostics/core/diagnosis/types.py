@@ -130,6 +130,34 @@ class Thresholds:
     # Queue (and deferral) episodes closer than this are one episode: a gauge that reads 0 for one
     # scrape between two waits did not drain the queue.
     queue_merge_seconds: float = 2.0
+    # When the running gauge misses the work (Context.gauges_blind: it read 0 at the end of at least
+    # ``blind_share`` of the intervals with tokens, over at least ``blind_min_intervals``), the queue
+    # is judged from the queue-time histogram: requests that certainly queued at least
+    # ``hist_queue_min_seconds`` (a bound of vLLM's buckets) in intervals spanning ``queue_min_seconds``,
+    # at least ``hist_queue_min_requests`` of them and ``hist_queue_share`` of the window's finished
+    # requests (the p95 then certainly waited that long).
+    blind_share: float = 0.5
+    blind_min_intervals: int = 3
+    hist_queue_min_seconds: float = 1.0
+    hist_queue_min_requests: int = 5
+    hist_queue_share: float = 0.05
+    # unexplained_change: TTFT or ITL p95 up, or tokens/s per running request down, by this factor
+    # from the window's early part to its late part, while no load measure (prompt tokens/s, requests
+    # started/s, prompt tokens per request, mean running) rose by ``change_load_factor``. The late part
+    # is the last third (at most ``change_recent_max_seconds``), the early part the first third or the
+    # hour before the late part (``change_baseline_max_seconds``); each at least
+    # ``change_min_part_seconds`` long, with at least ``change_min_itl_observations`` token gaps or
+    # ``change_min_requests`` first tokens.
+    change_factor: float = 2.0
+    change_load_factor: float = 1.5
+    change_recent_max_seconds: float = 900.0
+    change_baseline_max_seconds: float = 3600.0
+    change_min_part_seconds: float = 8.0
+    change_min_itl_observations: int = 100
+    change_min_requests: int = 10
+    # ITL p99 is judged too (when p95 did not move) on at least this many gaps in each part: a p99
+    # then rests on five or more of them.
+    change_min_itl_tail_observations: int = 500
     # Rejections are counted between scrapes; the state that caused them is read from this long before
     # the first interval with a rejection (up to ``admission_drain_seconds`` after the last).
     admission_lead_seconds: float = 5.0

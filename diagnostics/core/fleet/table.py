@@ -15,6 +15,7 @@ from typing import Any
 
 from diagnostics.core.diagnosis.types import SEVERITY_ORDER, Finding
 from diagnostics.core.fleet.promql import Discovered
+from diagnostics.core.metrics.slo import SloAttainment
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,13 @@ class FleetRow:
     values: Mapping[str, float | None]
     findings: tuple[Finding, ...] = ()
     error: str | None = None  # why this instance's diagnosis could not run
+    slo: SloAttainment | None = None  # with budgets: the shares within them over the range
+
+    @property
+    def goodput_text(self) -> str:
+        """The goodput cell: "≥ 93.0 %" (certainly within every budget set), or a dash."""
+        good = self.slo.goodput_at_least if self.slo is not None else None
+        return "—" if good is None else f"≥ {good * 100:.1f} %"
 
     @property
     def worst(self) -> Finding | None:
@@ -40,6 +48,7 @@ class FleetRow:
             "worst_finding": None if worst is None else {"id": worst.id, "severity": worst.severity, "title": worst.title},
             "findings": [f.id for f in self.findings],
             "error": self.error,
+            "slo": self.slo.to_json() if self.slo is not None else None,
         }
 
 
@@ -52,15 +61,17 @@ def rows(
     columns: Mapping[str, Mapping[str, float]],
     findings: Mapping[str, Sequence[Finding]] | None = None,
     errors: Mapping[str, str] | None = None,
+    slo: Mapping[str, SloAttainment | None] | None = None,
 ) -> list[FleetRow]:
     """One row per instance; ``columns`` maps a column key to ``{instance: value}``."""
     findings = findings or {}
     errors = errors or {}
+    slo = slo or {}
     out = []
     for d in instances:
         values = {key: _clean(per.get(d.instance)) for key, per in columns.items()}
         out.append(FleetRow(d.instance, d.model, d.up, values, tuple(findings.get(d.instance, ())),
-                            errors.get(d.instance)))
+                            errors.get(d.instance), slo.get(d.instance)))
     return out
 
 

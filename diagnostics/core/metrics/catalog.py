@@ -76,6 +76,8 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "request_prefill_time_seconds": ("vllm:request_prefill_time_seconds",),
     "request_decode_time_seconds": ("vllm:request_decode_time_seconds",),
     "request_inference_time_seconds": ("vllm:request_inference_time_seconds",),
+    # 0.11+: each finished request's mean gap between output tokens (request-level TPOT).
+    "request_time_per_output_token_seconds": ("vllm:request_time_per_output_token_seconds",),
     "iteration_tokens": ("vllm:iteration_tokens_total", "vllm:iteration_tokens"),
     "request_prompt_tokens": ("vllm:request_prompt_tokens",),
     "request_generation_tokens": ("vllm:request_generation_tokens",),

@@ -9,6 +9,7 @@ from typing import Any
 
 from diagnostics.core.metrics.derive import DerivedState
 from diagnostics.core.metrics.info import ServerInfo, TargetState, TargetStatus
+from diagnostics.core.metrics.slo import SloAttainment
 from diagnostics.core.text import prompt_sources_text, roofline_text
 
 # The latency histograms a status reports, under the short names of its JSON keys.
@@ -40,10 +41,11 @@ class StatusReport:
     error: str | None
     info: ServerInfo | None
     derived: DerivedState
+    slo: SloAttainment | None = None  # with budgets given: the shares within them over the window
 
     @classmethod
-    def of(cls, status: TargetStatus, derived: DerivedState) -> StatusReport:
-        return cls(status.target, status.state, status.error, status.info, derived)
+    def of(cls, status: TargetStatus, derived: DerivedState, slo: SloAttainment | None = None) -> StatusReport:
+        return cls(status.target, status.state, status.error, status.info, derived, slo)
 
     @property
     def up(self) -> bool:
@@ -101,4 +103,5 @@ class StatusReport:
                 obj[f"{short}_{name}_seconds"], obj[f"{short}_{name}_bound"] = self.latency(concept, q)
         for key in CACHE_CONFIG_KEYS:
             obj[key] = getattr(config, key) if config is not None else None
+        obj["slo"] = self.slo.to_json() if self.slo is not None else None
         return obj

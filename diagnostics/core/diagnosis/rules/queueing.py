@@ -3,11 +3,23 @@ slot or a KV transfer, or at the frontend's queue limits."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from diagnostics.core.diagnosis.context import Context, episodes
+from diagnostics.core.diagnosis.data_parallel import engines_of
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
 from diagnostics.core.diagnosis.types import Finding, Suggestion
-from diagnostics.core.metrics.derive import counter_steps, histogram_delta, labelled_increase, labels_total
+from diagnostics.core.metrics.catalog import EngineKey, Snapshot
+from diagnostics.core.metrics.derive import (
+    count_above,
+    counter_steps,
+    histogram_delta,
+    labelled_increase,
+    labels_total,
+    merge_histograms,
+)
 from diagnostics.core.text import fmt_duration, fmt_seconds_as_ms
 
 
@@ -19,9 +31,14 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
     t, ok = ctx.thresholds, ctx.ok
     if not exposes(ctx, "num_requests_waiting"):
         return [absent("vllm:num_requests_waiting", "queueing", "Queueing cannot be seen.")]
-    cap = ctx.flags.max_num_seqs or max_gauge(ctx, "num_requests_running")
+    # --max-num-seqs holds per engine: with data parallelism each engine is judged at its own cap.
+    engines = engines_of(ok)
+    units: list[EngineKey | None] = list(engines) if len(engines) > 1 else [None]
+    caps = {u: ctx.flags.max_num_seqs or max((snap.value("num_requests_running", u) or 0) for _, snap in ok)
+            for u in units}
+    cap = max(caps.values())
     if cap <= 0:
-        return []
+        return queue_from_histograms(ctx, None)
     points = []
     # Scrapes where another engine had room for as long as a queue takes to count here: routing,
     # which engine_imbalance judges (room that flickers is no way around the cap).
@@ -30,33 +47,32 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
         if any(a <= scrape.ts <= b for a, b in skews):
             points.append((scrape.ts, False))  # another engine had room: routing (engine_imbalance), not the cap
             continue
-        by_reason = snap.by_label("num_requests_waiting_by_reason") or {}
-        waiting = by_reason.get("capacity", snap.value("num_requests_waiting") or 0)
-        usage = snap.value("kv_cache_usage_perc")
-        at_cap = (snap.value("num_requests_running") or 0) >= cap
         stalled = any(s.start <= scrape.ts <= s.end for s in ctx.stalls) or ctx.itl.blocked(scrape.ts)
-        points.append((scrape.ts, waiting > 0 and at_cap and not stalled and (usage is None or usage < t.kv_low_perc)))
+        points.append((scrape.ts, not stalled and any(_queued_at_cap(snap, u, caps[u], t.kv_low_perc) for u in units)))
     found = [e for e in episodes(points, t.queue_merge_seconds) if e[1] - e[0] >= t.queue_min_seconds]
     if not found:
-        return []
+        return queue_from_histograms(ctx, cap)
     in_ep = [(s, snap) for s, snap in ok if any(a <= s.ts <= b for a, b in found)]
-    peak_waiting = max(snap.value("num_requests_waiting") or 0 for _, snap in in_ep)
+    peak_waiting = max((snap.value("num_requests_waiting", u) or 0) for _, snap in in_ep for u in units)
     max_usage = max((snap.value("kv_cache_usage_perc") or 0) for _, snap in in_ep)
     seconds = sum(b - a for a, b in found)
     target = int(cap + peak_waiting)
+    where = f" per engine ({len(units)} engines)" if len(units) > 1 else ""
+    one = " on one engine" if len(units) > 1 else ""
     return [
         Finding(
             id="queue_at_cap",
             severity="warning",
-            title=f"Queueing at the concurrency cap: {cap:.0f} running, up to {peak_waiting:.0f} waiting, "
-            f"KV usage ≤ {max_usage * 100:.0f} %",
-            evidence={"num_requests_running_cap": cap, "cap_known_from_flags": ctx.flags.max_num_seqs is not None,
+            title=f"Queueing at the concurrency cap: {cap:.0f} running{where}, up to {peak_waiting:.0f} "
+            f"waiting{one}, KV usage ≤ {max_usage * 100:.0f} %",
+            evidence={"evidence_basis": "gauges", "num_engines": len(units),
+                      "num_requests_running_cap": cap, "cap_known_from_flags": ctx.flags.max_num_seqs is not None,
                       "max_num_requests_waiting": peak_waiting, "max_kv_cache_usage_perc": max_usage,
                       "seconds_queued_at_cap": round(seconds, 3)},
             suggestions=(
                 Suggestion("--max-num-seqs", "increase", target,
-                           f"Running sat at {cap:.0f} for {fmt_duration(seconds)} with up to {peak_waiting:.0f} "
-                           f"waiting while the KV cache stayed ≤ {max_usage * 100:.0f} % full: the cap, not memory, "
+                           f"Running sat at {cap:.0f}{where} for {fmt_duration(seconds)} with up to "
+                           f"{peak_waiting:.0f} waiting{one} while the KV cache stayed ≤ {max_usage * 100:.0f} % full: the cap, not memory, "
                            "is what queues."),
             ),
             checks=(
@@ -67,6 +83,139 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
             time_range=(found[0][0], found[-1][1]),
         )
     ]
+
+
+def _queued_at_cap(snap: Snapshot, unit: EngineKey | None, cap: float, kv_low: float) -> bool:
+    """Requests waiting for capacity while running sits at ``cap`` and the KV cache has room, on one
+    engine (or, with ``unit`` None, the whole server)."""
+    by_reason = snap.by_label("num_requests_waiting_by_reason", unit) or {}
+    waiting = by_reason.get("capacity", snap.value("num_requests_waiting", unit) or 0)
+    usage = snap.value("kv_cache_usage_perc", unit)
+    running = snap.value("num_requests_running", unit) or 0
+    return waiting > 0 and cap > 0 and running >= cap and (usage is None or usage < kv_low)
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """How many requests each engine held, on average, from finished-request counts and the
+    per-request histograms (Little's law: requests in a stage = completions per second × mean time
+    in it), for when the running and waiting gauges cannot be read."""
+
+    requests_per_second: float  # finished requests per second while requests finished
+    mean_queue_seconds: float
+    mean_running_seconds: float | None  # prefill + decode (request_inference_time_seconds)
+    num_engines: int
+
+    @property
+    def waiting_per_engine(self) -> float:
+        return self.requests_per_second * self.mean_queue_seconds / self.num_engines
+
+    @property
+    def running_per_engine(self) -> float | None:
+        if self.mean_running_seconds is None:
+            return None
+        return self.requests_per_second * self.mean_running_seconds / self.num_engines
+
+
+def occupancy(ctx: Context) -> Occupancy | None:
+    """The window's mean occupancy per engine (None without finished requests or a queue-time histogram)."""
+    ivs = [iv for iv in ctx.intervals if iv.requests_finished and not iv.restarted]
+    queue = mean_from(histogram_delta(ctx.history, "request_queue_time_seconds"))
+    if not ivs or queue is None:
+        return None
+    seconds = ivs[-1].end - ivs[0].start
+    if seconds <= 0:
+        return None
+    running = mean_from(histogram_delta(ctx.history, "request_inference_time_seconds"))
+    return Occupancy(sum(iv.requests_finished or 0.0 for iv in ivs) / seconds, queue, running,
+                     max(1, len(engines_of(ctx.ok))))
+
+
+def queue_from_histograms(ctx: Context, cap: float | None) -> list[Finding]:
+    """The queue at the cap judged from the requests themselves when the running gauge missed the
+    work (``ctx.gauges_blind``): requests that certainly queued ``hist_queue_min_seconds`` or more
+    (counted above a bucket bound of request_queue_time_seconds, never interpolated), a share of the
+    window's requests and over ``queue_min_seconds``; queueing, not prefill, is what they waited
+    for; and no other cause explains a wait — no preemption (the KV cache), no full cache, no stall,
+    hung rank, long prefill step, sleep in the window, deferral or admission limit. The batch size
+    to suggest comes from :func:`occupancy` when the flag is not known."""
+    t = ctx.thresholds
+    # Requests held by a sleeping engine, a stall or a hung rank finish later with long queue times too.
+    if not ctx.gauges_blind or ctx.stalls or ctx.silent_ranks or ctx.itl.head_of_line or any(
+            iv.asleep for iv in ctx.intervals):
+        return []
+    ivs = [iv for iv in ctx.intervals if iv.queue_time is not None and not iv.restarted]
+    window = merge_histograms([iv.queue_time for iv in ivs])
+    if window is None or window.count <= 0:
+        return []
+    long = count_above(window, t.hist_queue_min_seconds)
+    if long < t.hist_queue_min_requests or long < t.hist_queue_share * window.count:
+        return []
+    queued = [iv for iv in ivs if count_above(iv.queue_time, t.hist_queue_min_seconds) > 0]
+    start, end = queued[0].start, queued[-1].end
+    if end - start < t.queue_min_seconds:
+        return []
+    scrapes = [s for s, _ in ctx.ok]
+    usage = max_gauge(ctx, "kv_cache_usage_perc")
+    preempted = sum(iv.num_preemptions or 0.0 for iv in ctx.intervals)
+    rejected = sum((labelled_increase(scrapes, "admission_rejections") or {}).values())
+    deferred = max(((snap.by_label("num_requests_waiting_by_reason") or {}).get("deferred", 0.0)
+                    for _, snap in ctx.ok), default=0.0)
+    prefill = mean_from(histogram_delta(ctx.history, "request_prefill_time_seconds"))
+    mean_queue = window.sum / window.count
+    if preempted > 0 or usage >= t.kv_low_perc or rejected > 0 or deferred > 0 or (
+            prefill is not None and mean_queue < prefill):
+        return []
+    occ = occupancy(ctx)
+    engines = occ.num_engines if occ is not None else 1
+    cap_flag = ctx.flags.max_num_seqs
+    running = occ.running_per_engine if occ is not None else None
+    waiting = occ.waiting_per_engine if occ is not None else None
+    # A value only from the known flag: the occupancy is a mean over the window, not the cap (under it
+    # while the batch is not full, over it where requests finished in the window began before it:
+    # 2.8 per engine against a cap of 4 in queue_cap_dp2_mid, 7.3 against 6 in queue_cap_closed_loop).
+    target = cap_flag + max(1, math.ceil(waiting)) if cap_flag and waiting is not None else None
+    blind = sum(1 for iv in ctx.intervals if (iv.generation_tokens or 0) > 0 and not iv.num_requests_running)
+    flowing = sum(1 for iv in ctx.intervals if (iv.generation_tokens or 0) > 0)
+    share = long / window.count
+    where = " per engine" if engines > 1 else ""
+    occupied = (f"; on average {running:.1f} ran and {waiting:.1f} waited{where}"
+                + (f" over {engines} engines" if engines > 1 else "") + " (from finished requests: Little's law)"
+                if running is not None and waiting is not None else "")
+    why = (f"{long:.0f} of {window.count:.0f} requests ({share * 100:.0f} %) queued ≥ "
+           f"{fmt_seconds_as_ms(t.hist_queue_min_seconds)} (mean {fmt_seconds_as_ms(mean_queue)}"
+           + (f" against {fmt_seconds_as_ms(prefill)} of prefill" if prefill is not None else "")
+           + f") with no preemption and the KV cache ≤ {usage * 100:.0f} % full: the cap, not memory, is what "
+           f"queues{occupied}."
+           + ("" if cap_flag else " The cap is not known here (pass --max-num-seqs, or the server's log): raise it "
+              f"by about the waiting count{where} or more."))
+    return [Finding(
+        id="queue_at_cap",
+        severity="warning",
+        title=f"Queueing at the concurrency cap, seen in the request histograms: {share * 100:.0f} % of requests "
+        f"queued ≥ {fmt_seconds_as_ms(t.hist_queue_min_seconds)}, while the running gauge read 0 in {blind} of "
+        f"{flowing} intervals with tokens",
+        evidence={"evidence_basis": "histograms",
+                  "requests_queued_over_min": long, "requests_finished_in_window": window.count,
+                  "queued_over_min_seconds": t.hist_queue_min_seconds, "mean_queue_seconds": mean_queue,
+                  "mean_prefill_seconds": prefill, "max_kv_cache_usage_perc": usage,
+                  "intervals_gauge_read_zero": blind, "intervals_with_tokens": flowing,
+                  "num_engines": engines, "num_requests_running_cap": cap_flag,
+                  "cap_known_from_flags": cap_flag is not None,
+                  "estimated_running_per_engine": round(running, 2) if running is not None else None,
+                  "estimated_waiting_per_engine": round(waiting, 2) if waiting is not None else None,
+                  "finished_requests_per_second": round(occ.requests_per_second, 3) if occ is not None else None,
+                  "gauge_cap_seen": cap},
+        suggestions=(Suggestion("--max-num-seqs", "increase", target, why),),
+        checks=(
+            "The running/waiting gauges missed this queue (under data parallelism vLLM's per-engine gauges can "
+            "read 0 between steps): read the queue-time histogram (request_queue_time_seconds) or the clients' "
+            "TTFT to confirm.",
+            "Confirm KV usage stays below ~90 % after raising the cap; if it fills, this turns into preemption.",
+            "A larger batch raises ITL: keep the new cap within your ITL budget (the defended batch size).",
+        ),
+        time_range=(start, end),
+    )]
 
 
 def waiting_deferred(ctx: Context) -> list[Finding]:

@@ -1,0 +1,105 @@
+"""unexplained_change: a number that moved by more than the stated factor at the same load, with
+no other rule to explain it, is a warning with the numbers; more load, a cause another rule names,
+or a change within the factor stays quiet. The real-server proof is the corpus's
+``changed_itl_*`` recordings (tests/unit/test_corpus.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from diagnostics.core.diagnosis import Budgets, Finding, Thresholds, diagnose, prepare
+from diagnostics.core.diagnosis.rules.changes import parts
+from tests.unit.synth import cumulative
+
+FAST = [0.0, 200.0] + [0.0] * 12  # 200 token gaps a second in (10, 25] ms
+SLOW = [0.0] * 4 + [200.0] + [0.0] * 9  # 200 gaps a second in (75, 100] ms
+
+
+def changed_window(seconds: int = 30, slow_from: int = 15, *, running_after: float = 4, prompt_after: float = 100,
+            slow: Sequence[float] = SLOW) -> list:
+    per_second = [{"gen": 200.0, "prompt": 100.0 if t < slow_from else prompt_after,
+                   "itl_counts": FAST if t < slow_from else list(slow),
+                   "running": 4.0 if t < slow_from else running_after, "usage": 0.2} for t in range(seconds)]
+    return cumulative(per_second)
+
+
+def _changed(findings: list[Finding]) -> Finding | None:
+    return next((f for f in findings if f.id == "unexplained_change"), None)
+
+
+def test_itl_that_quadruples_at_the_same_load_is_a_warning_with_before_after_and_when() -> None:
+    finding = _changed(diagnose(prepare(changed_window())))
+    assert finding is not None and finding.severity == "warning"
+    ev = finding.evidence
+    # The early third's p95 is at most its bucket's 25 ms bound, the late third's at least 75 ms.
+    assert ev["itl_p95_before"] <= 0.025 and ev["itl_p95_after"] >= 0.075
+    assert ev["itl_p95_factor"] >= 3.0
+    # The slowdown began at second 15, in the middle third: the first interval that showed it.
+    assert 14.0 <= ev["changed_since"] <= 16.0
+    assert finding.suggestions == ()  # no flag fixes a slower device
+    assert any("throttl" in c.lower() or "clock" in c.lower() for c in finding.checks)
+    assert any("co-tenant" in c.lower() for c in finding.checks)
+    assert "ITL p95 rose" in finding.title
+
+
+def test_the_same_rise_with_twice_the_running_requests_is_explained_by_load() -> None:
+    assert _changed(diagnose(prepare(changed_window(running_after=8)))) is None
+
+
+def test_the_same_rise_with_twice_the_prompt_tokens_is_explained_by_load() -> None:
+    assert _changed(diagnose(prepare(changed_window(prompt_after=200)))) is None
+
+
+def test_a_rise_under_the_factor_is_not_a_change() -> None:
+    # (25, 50] ms after ≤ 25 ms: at most 2× by the buckets, never certainly over the factor of 2.5.
+    modest = [0.0, 0.0, 200.0] + [0.0] * 11
+    assert _changed(diagnose(prepare(changed_window(slow=modest), thresholds=Thresholds(change_factor=2.5)))) is None
+    assert _changed(diagnose(prepare(changed_window(slow=modest)))) is not None  # 2× with the default 2.0: flagged
+
+
+def test_a_window_that_is_steady_all_along_is_quiet() -> None:
+    assert _changed(diagnose(prepare(changed_window(slow_from=99)))) is None
+
+
+def test_it_stays_silent_when_another_rule_found_the_cause() -> None:
+    """An ITL budget the late part breaks: slow_decode names it, and the change rule does not repeat it."""
+    findings = diagnose(prepare(changed_window(), budgets=Budgets(itl_ms=50)))
+    assert any(f.id == "slow_decode" for f in findings)
+    assert _changed(findings) is None
+
+
+def test_a_short_window_has_no_parts_to_compare() -> None:
+    assert parts(prepare(changed_window(seconds=12, slow_from=6))) is None
+    assert _changed(diagnose(prepare(changed_window(seconds=12, slow_from=6)))) is None
+
+
+def test_the_baseline_is_the_hour_before_the_late_part_when_the_window_holds_it() -> None:
+    # Three hours at one scrape a minute: the late part is the last 15 min, the baseline the hour before.
+    per_minute = [{"gen": 12000.0, "prompt": 6000.0, "itl_counts": [x * 60 for x in FAST], "running": 4.0}
+                  for _ in range(181)]
+    history = [s.__class__(s.ts * 60, s.snapshot) for s in cumulative(per_minute)]
+    p = parts(prepare(history))
+    assert p is not None
+    assert p.late_range[1] - p.late_range[0] == 900.0
+    assert p.early_range == (p.late_range[0] - 3600.0, p.late_range[0])
+
+
+def test_the_same_rise_with_prompts_twice_as_long_is_explained_by_the_prompts() -> None:
+    """Half the requests with prompts twice as long: the prompt tokens per second stay the same, the
+    requests started per second halve, and the longer prompts explain a slower answer."""
+    per_second = [{"gen": 200.0, "prompt": 100.0, "itl_counts": FAST if t < 15 else SLOW, "running": 4.0,
+                   "ttft_counts": [2.0, 0.0, 0.0] if t < 15 else [1.0, 0.0, 0.0]} for t in range(30)]
+    assert _changed(diagnose(prepare(cumulative(per_second)))) is None
+    same = [{**second, "ttft_counts": [2.0, 0.0, 0.0]} for second in per_second]
+    assert _changed(diagnose(prepare(cumulative(same)))) is not None
+
+
+def test_a_tail_that_rises_while_p95_holds_is_a_change_on_enough_gaps() -> None:
+    """A co-tenant that stalls the engine now and then: 3 % of the gaps go from ≤ 25 ms to (0.3, 0.4] s,
+    p95 stays in its bucket, p99 moves; judged only with 500 gaps or more in each part."""
+    tail = [0.0, 194.0] + [0.0] * 6 + [6.0] + [0.0] * 5
+    finding = _changed(diagnose(prepare(changed_window(slow=tail))))
+    assert finding is not None and "ITL p99 rose" in finding.title and "itl_p95_before" not in finding.evidence
+    assert finding.evidence["itl_p99_after"] >= 0.3
+    few = Thresholds(change_min_itl_tail_observations=5000)  # 10 s × 200 gaps: under it, no p99 judged
+    assert _changed(diagnose(prepare(changed_window(slow=tail), thresholds=few))) is None
