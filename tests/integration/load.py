@@ -86,7 +86,9 @@ class Clients:
         return {"requests": len(self.statuses), "ok": sum(1 for s in self.statuses if s == 200),
                 "failed": sum(1 for s in self.statuses if s != 200), "token_gaps": len(gaps),
                 "gap_p50_s": q(0.5), "gap_p90_s": q(0.9), "gap_p99_s": q(0.99), "gap_max_s": q(1.0),
-                "request_max_s": round(max(self.durations_s), 3) if self.durations_s else None}
+                "request_max_s": round(max(self.durations_s), 3) if self.durations_s else None,
+                # Every status code as its count (-1: no answer, e.g. the client's own timeout fired).
+                "by_status": {str(code): self.statuses.count(code) for code in sorted(set(self.statuses))}}
 
 
 def request(url: str, clients: Clients, *, prompt: str | list[int], max_tokens: int, n: int = 1, stream: bool = False,
