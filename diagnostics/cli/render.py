@@ -86,16 +86,7 @@ def render_status(report: StatusReport) -> str:
 
 def render_outcomes(o: Outcomes) -> str:
     """What became of the window's requests, in one line: the evidence behind a quiet verdict."""
-    if not o.steps:
-        return "outcomes      not judged: fewer than two good scrapes in the window"
-    n = _fmt(o.requests, digits=0)
-    if not o.exports_http:
-        return (f"outcomes      {n} requests finished by the engine in {o.seconds:.0f} s, "
-                f"{o.failed:.0f} failed; rejected and given-up requests not visible (no http_requests_total)")
-    cut = "" if o.cut is None else f", {o.cut:.0f} cut at the context limit"
-    return (f"outcomes      {n} requests in {o.seconds:.0f} s: {o.failed:.0f} failed, {_fmt(o.rejected, digits=0)} "
-            f"rejected, {_fmt(o.gave_up, digits=0)} given up{cut}"
-            + (f" ({o.shed:.0f} shed by the admission limits)" if o.shed else ""))
+    return f"outcomes      {o.says()}"
 
 
 def render_findings(findings: list[Finding], flags: KnownFlags, outcomes: Outcomes | None = None) -> str:

@@ -169,6 +169,18 @@ class Outcomes:
         hit = [s for s in self.steps if s.gave_up > 0]
         return (hit[0].start, hit[-1].end) if hit else None
 
+    def says(self) -> str:
+        """The counts in words, as a quiet verdict states them."""
+        if not self.steps:
+            return "not judged: fewer than two good scrapes in the window"
+        if not self.exports_http:
+            return (f"{self.requests:,.0f} requests finished by the engine in {self.seconds:.0f} s, {self.failed:,.0f} "
+                    "failed; rejected and given-up requests not visible (no http_requests_total)")
+        cut = "" if self.cut is None else f", {self.cut:,.0f} cut at the context limit"
+        shed = f" ({self.shed:,.0f} shed by the admission limits)" if self.shed else ""
+        return (f"{self.requests:,.0f} requests in {self.seconds:.0f} s: {self.failed:,.0f} failed, "
+                f"{self.rejected or 0:,.0f} rejected, {self.gave_up or 0:,.0f} given up{cut}{shed}")
+
     def to_json(self) -> dict[str, Any]:
         return {"seconds": round(self.seconds, 3), "requests": self.requests, "answered": self.answered,
                 "rejected": self.rejected, "server_errors": self.server_errors, "shed": self.shed,
