@@ -64,6 +64,17 @@ def test_n_samples_count_once_per_request_so_they_hide_no_give_up() -> None:
     assert (o.answered, o.engine_requests, o.gave_up) == (50, 35, 15)
 
 
+def test_a_window_begun_mid_burst_counts_no_give_up_for_answers_still_being_sent() -> None:
+    """At the first scrape the engine had finished 6 requests whose 2xx was not yet counted (it is
+    counted with the answer's last byte): counted inside the window, they were never given up."""
+    history = [Scrape(0.0, parse_snapshot(text(http=(94, 0, 0), finished=(0, 100, 0, 0), running=4))),
+               *[Scrape(float(t), parse_snapshot(text(http=(94 + 6 + 10 * t, 0, 0), finished=(0, 100 + 10 * t, 0, 0),
+                                                     running=4, waiting=5))) for t in range(1, 6)]]
+    o = outcomes(prepare(history))
+    assert (o.answered, o.engine_requests, o.lag_at_start, o.gave_up) == (56, 50, 6, 0)
+    assert "clients_gave_up" not in ids(history)
+
+
 def test_the_admission_limits_503s_are_not_server_failures() -> None:
     history = [Scrape(float(t), parse_snapshot(text(http=(5 * t, 0, 10 * t), finished=(0, 5 * t, 0, 0))
                                                + f'vllm:admission_rejections_total{{model_name="m",'

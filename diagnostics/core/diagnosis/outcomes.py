@@ -76,6 +76,10 @@ class Outcomes:
     end: float
     steps: tuple[Step, ...]
     max_model_len: int | None
+    # Requests the engine had finished by the first scrape whose 2xx was not yet counted (the answer
+    # is counted when its last byte goes out): counted inside the window, they are no give-ups. Read
+    # as the engine's lifetime finished requests less the lifetime 2xx answers (0 when negative).
+    lag_at_start: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -142,7 +146,7 @@ class Outcomes:
         answered, done = self.answered, self.engine_requests
         if answered is None or done is None:
             return None
-        return max(0.0, answered - done)
+        return max(0.0, answered - done - self.lag_at_start)
 
     @property
     def aborted(self) -> float:
@@ -216,7 +220,19 @@ def outcomes_of(ok: Sequence[tuple[Scrape, Snapshot]], max_model_len: int | None
     """The outcomes over consecutive good scrapes (empty with fewer than two)."""
     steps = tuple(_step(a, b) for a, b in zip(ok, ok[1:]))
     start, end = (ok[0][0].ts, ok[-1][0].ts) if ok else (0.0, 0.0)
-    return Outcomes(start, end, steps, max_model_len)
+    return Outcomes(start, end, steps, max_model_len, _lag(ok[0][1]) if ok else 0.0)
+
+
+def _lag(first: Snapshot) -> float:
+    """Lifetime engine-finished requests less lifetime 2xx answers at a window's first scrape."""
+    http = first.by_label("http_requests")
+    params_n = first.histogram("request_params_n")
+    finished = first.by_label("request_success")
+    if http is None or (params_n is None and finished is None):
+        return 0.0
+    done = params_n.count if params_n is not None else sum(
+        n for reason, n in (finished or {}).items() if reason != "abort")
+    return max(0.0, done - http.get("2xx", 0.0))
 
 
 def outcomes(ctx: Context) -> Outcomes:
