@@ -111,8 +111,8 @@ def requests_rejected(ctx: Context) -> list[Finding]:
         checks=(
             trim,
             "A 4xx is the client's request refused: confirm it in the server log or a client's response body "
-            "(\"This model's maximum context length is … tokens\"); a wrong model name (404) or a bad parameter "
-            "(400) reads the same here.",
+            "(\"This model's maximum context length is … tokens\"); a wrong model name (404), a missing API key "
+            "(401) or a bad parameter (400) reads the same here.",
         ),
         time_range=(o.start, o.end),
     )]
