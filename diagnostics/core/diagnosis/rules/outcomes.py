@@ -12,7 +12,7 @@ from typing import Any
 
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.outcomes import Outcomes, outcomes
-from diagnostics.core.diagnosis.rules.common import max_gauge
+from diagnostics.core.diagnosis.rules.common import max_gauge, quantile_evidence
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
 from diagnostics.core.diagnosis.types import Finding, Suggestion
 from diagnostics.core.metrics.derive import histogram_delta, quantile_estimate
@@ -150,7 +150,8 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
     # The wait began before the first request was given up on: the finding spans both.
     first_wait = next((s.ts for s, snap in ctx.ok
                        if (snap.value("num_requests_waiting") or 0) > 0 and s.ts <= span[1]), span[0])
-    wait_words = ", ".join(f"{name} p95 {'> ' if q.bound == 'above' else ''}{fmt_seconds_as_ms(q.reported()[0])}"
+    wait_words = ", ".join(f"{name} p95 {q.reported()[1] or ''}{' ' if q.reported()[1] else ''}"
+                           f"{fmt_seconds_as_ms(q.reported()[0])}"
                            for name, q in (("queue", queue), ("TTFT", ttft)) if q is not None)
     suggestions: tuple[Suggestion, ...] = ()
     if ctx.stalls:
@@ -178,8 +179,8 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
         evidence={"gave_up": gave_up, "gave_up_share_perc": share, "finished_abort": o.aborted,
                   "max_num_requests_waiting": waiting, "num_requests_running_cap": cap,
                   "max_kv_cache_usage_perc": usage,
-                  **{f"{key}_p95_seconds": q.reported()[0] for key, q in
-                     (("queue", queue), ("ttft", ttft), ("e2e", e2e)) if q is not None},
+                  **{k: v for key, q in (("queue", queue), ("ttft", ttft), ("e2e", e2e)) if q is not None
+                     for k, v in quantile_evidence(f"{key}_p95", q).items()},
                   **_counts(o)},
         suggestions=suggestions,
         checks=(
