@@ -3,6 +3,7 @@
 import streamlit as st
 
 from diagnostics.core.diagnosis import Budgets, diagnose, exit_code, prepare
+from diagnostics.core.diagnosis.outcomes import outcomes
 from diagnostics.core.metrics.derive import window
 from diagnostics.core.text import md_escape
 from diagnostics.errors import BadRecording
@@ -54,6 +55,8 @@ if history and st.toggle("Predict the effect of each change (the simulated engin
     found = list(found_predicted)
 verdict = {0: ("success", "No warning"), 1: ("warning", "Warnings"), 2: ("error", "Critical")}[exit_code(found)]
 getattr(st, verdict[0])(f"**{verdict[1]}** · {len(found)} findings over {len(history)} scrapes")
+if history and exit_code(found) == 0:
+    st.caption(f"Outcomes: {outcomes(ctx).says()}")  # what the quiet verdict looked at
 for i, finding in enumerate(found):
     cards.finding_card(finding, history, ctx.flags, key=f"finding-{i}", replay_error=replay_error)
 st.subheader("Knob table")

@@ -16,6 +16,7 @@ from diagnostics.collector import Collector
 from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Budgets, Thresholds, diagnose, exit_code, prepare
 from diagnostics.core.diagnosis.alerts import alert_rules_yaml
+from diagnostics.core.diagnosis.outcomes import outcomes
 from diagnostics.core.metrics.derive import derive_state
 from diagnostics.core.metrics.derive import window as window_of
 from diagnostics.core.metrics.slo import slo_attainment
@@ -118,10 +119,12 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.predict and history:
         predicted, _, _ = whatif.with_predictions(findings, history, ctx.flags)
         findings = list(predicted)
+    seen = outcomes(ctx)
     if args.json:
-        print(json.dumps({"findings": [f.to_json() for f in findings]}, indent=1, default=str))
+        print(json.dumps({"findings": [f.to_json() for f in findings], "outcomes": seen.to_json()}, indent=1,
+                         default=str))
     else:
-        print(render_findings(findings, ctx.flags))
+        print(render_findings(findings, ctx.flags, seen))
     return exit_code(findings)
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Finding, KnownFlags, command_diff
+from diagnostics.core.diagnosis.outcomes import Outcomes
 from diagnostics.core.metrics.status import StatusReport
 from diagnostics.core.probe import Percentiles, ProbeSummary, disagreements
 from diagnostics.core.text import SLEEP_LEVELS, evidence_rows, fmt_seconds_as_ms, prompt_sources_text, roofline_text
@@ -84,10 +85,18 @@ def render_status(report: StatusReport) -> str:
     return "\n".join(lines)
 
 
-def render_findings(findings: list[Finding], flags: KnownFlags) -> str:
-    """Each finding: severity, title and when; its changes as a `vllm serve` diff; evidence; checks."""
+def render_outcomes(o: Outcomes) -> str:
+    """What became of the window's requests, in one line: the evidence behind a quiet verdict."""
+    return f"outcomes      {o.says()}"
+
+
+def render_findings(findings: list[Finding], flags: KnownFlags, outcomes: Outcomes | None = None) -> str:
+    """Each finding: severity, title and when; its changes as a `vllm serve` diff; evidence; checks.
+    With nothing above info, ``outcomes`` (when given) says what the quiet verdict looked at."""
+    quiet = outcomes is not None and all(f.severity == "info" for f in findings)
     if not findings:
-        return "No findings: nothing unusual in this window."
+        return "No findings: nothing unusual in this window." + (f"\n{render_outcomes(outcomes)}" if quiet and
+                                                                 outcomes is not None else "")
     out = []
     for f in findings:
         when = ""
@@ -108,6 +117,8 @@ def render_findings(findings: list[Finding], flags: KnownFlags) -> str:
         out.append("         evidence: " + "; ".join(f"{label} {value}" for label, value in evidence_rows(f.evidence)))
         for c in f.checks:
             out.append(f"         check: {c}")
+    if quiet and outcomes is not None:
+        out.append(render_outcomes(outcomes))
     return "\n".join(out)
 
 

@@ -170,6 +170,19 @@ def test_diagnose_page_on_a_real_recording_names_the_knob() -> None:
     assert len(at.dataframe) >= 2  # evidence + the knob table
 
 
+def test_diagnose_page_on_a_quiet_recording_says_what_it_counted() -> None:
+    """No warning on a healthy real recording, and the verdict shows its outcome counts."""
+    at = app("pages/3_Diagnose.py").run()
+    at.radio(key="diagnose_source").set_value("a recording").run()
+    healthy = ROOT / "tests/fixtures/incidents/healthy_closed_loop.jsonl.gz"
+    at.file_uploader[0].upload("healthy.jsonl.gz", healthy.read_bytes(), "application/gzip")
+    at.run()
+    assert not at.exception
+    assert at.success and "No warning" in at.success[0].value
+    assert any("Outcomes: 156 requests in 36 s: 0 failed, 0 rejected, 0 given up" in c.value for c in at.caption), \
+        [c.value for c in at.caption]
+
+
 def test_diagnose_page_on_a_startup_log_alone() -> None:
     at = app("pages/3_Diagnose.py").run()
     at.radio(key="diagnose_source").set_value("a startup log only").run()

@@ -70,6 +70,8 @@ class Clients:
     gaps_s: list[tuple[float, float]] = field(default_factory=list)  # (wall time of the token, gap)
     statuses: list[int] = field(default_factory=list)
     durations_s: list[float] = field(default_factory=list)  # each request, sent to last byte
+    # (completion tokens, finish reason) of each answered non-streaming request, as its response says
+    answers: list[tuple[int, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def max_gap(self, start: float, end: float) -> float:
@@ -86,7 +88,13 @@ class Clients:
         return {"requests": len(self.statuses), "ok": sum(1 for s in self.statuses if s == 200),
                 "failed": sum(1 for s in self.statuses if s != 200), "token_gaps": len(gaps),
                 "gap_p50_s": q(0.5), "gap_p90_s": q(0.9), "gap_p99_s": q(0.99), "gap_max_s": q(1.0),
-                "request_max_s": round(max(self.durations_s), 3) if self.durations_s else None}
+                "request_max_s": round(max(self.durations_s), 3) if self.durations_s else None,
+                # Every status code as its count (-1: no answer, e.g. the client's own timeout fired).
+                "by_status": {str(code): self.statuses.count(code) for code in sorted(set(self.statuses))},
+                # What the answers' own bodies said: tokens generated and why each one stopped.
+                "completion_tokens": [n for n, _ in self.answers],
+                "finish_reasons": {r: sum(1 for _, x in self.answers if x == r)
+                                   for r in sorted({x for _, x in self.answers})}}
 
 
 def request(url: str, clients: Clients, *, prompt: str | list[int], max_tokens: int, n: int = 1, stream: bool = False,
@@ -102,12 +110,17 @@ def request(url: str, clients: Clients, *, prompt: str | list[int], max_tokens: 
         body["temperature"] = temperature
     status = -1
     gaps: list[tuple[float, float]] = []
+    answer: tuple[int, str] | None = None
     started = time.monotonic()
     try:
         headers = {"X-data-parallel-rank": str(rank)} if rank is not None else {}
         with httpx.Client(base_url=url, timeout=timeout, headers=headers) as client:
             if not stream:
-                status = client.post("/v1/completions", json=body).status_code
+                reply = client.post("/v1/completions", json=body)
+                status = reply.status_code
+                if status == 200:
+                    data = reply.json()
+                    answer = (int(data["usage"]["completion_tokens"]), str(data["choices"][0]["finish_reason"]))
             else:
                 with client.stream("POST", "/v1/completions", json=body) as response:
                     status = response.status_code
@@ -121,9 +134,11 @@ def request(url: str, clients: Clients, *, prompt: str | list[int], max_tokens: 
                         if last is not None:
                             gaps.append((time.time(), now - last))
                         last = now
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         status = -1
     with clients.lock:
+        if answer is not None:
+            clients.answers.append(answer)
         clients.statuses.append(status)
         clients.durations_s.append(time.monotonic() - started)
         clients.gaps_s.extend(gaps)

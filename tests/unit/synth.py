@@ -51,7 +51,15 @@ def text(
     queue_seconds: tuple[float, float] | None = None,
     prefill_seconds: tuple[float, float] | None = None,
     started_at: float = 1000,
+    http: Sequence[float] | None = None,
+    finished: Sequence[float] | None = None,
+    lengths: Sequence[float] | None = None,
 ) -> str:
+    """``http``: the API server's answers on /v1/completions, (2xx, 4xx, 5xx); ``finished``: the
+    engine's finished sequences by reason, (stop, length, abort, error), and with no ``n_counts`` as
+    many n = 1 requests as it finished outside ``abort``; ``lengths``: (prompt tokens, generated
+    tokens, sequences) of the finished sequences, as request_prompt_tokens and
+    request_generation_tokens."""
     lines = [
         f"vllm:num_requests_running{{{L}}} {running}",
         f"vllm:num_requests_waiting{{{L}}} {waiting}",
@@ -66,6 +74,19 @@ def text(
         f'engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="{num_gpu_blocks}"{pin}}} 1.0',
         f"process_start_time_seconds {started_at}",
     ]
+    if finished is not None:
+        for reason, count in zip(("stop", "length", "abort", "error", "repetition"), [*finished, 0, 0, 0, 0, 0]):
+            lines.append(f'vllm:request_success_total{{{L},finished_reason="{reason}"}} {count}')
+        if n_counts is None:
+            n_counts = [finished[0] + finished[1] + (finished[3] if len(finished) > 3 else 0)] + [0] * 5
+    if http is not None:
+        lines.append('http_requests_total{handler="/v1/models",method="GET",status="2xx"} 1.0')
+        for status, count in zip(("2xx", "4xx", "5xx"), http):
+            lines.append(f'http_requests_total{{handler="/v1/completions",method="POST",status="{status}"}} {count}')
+    if lengths is not None and prompt_len_counts is None:
+        prompt_sum, gen_sum, sequences = lengths
+        lines += _hist("vllm:request_prompt_tokens", (1000.0,), [sequences, 0], prompt_sum)
+        lines += _hist("vllm:request_generation_tokens", (1000.0,), [sequences, 0], gen_sum)
     lines += _hist("vllm:inter_token_latency_seconds", ITL_BOUNDS, itl_counts or [0] * 14, itl_sum)
     lines += _hist("vllm:request_params_n", N_BOUNDS, n_counts or [0] * 6, 0.0)
     lines += _hist("vllm:time_to_first_token_seconds", (0.1, 1.0), ttft_counts or [0, 0, 0], 0.0)

@@ -23,7 +23,7 @@ from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario
 from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
-from tests.unit.synth import down, scrape, text
+from tests.unit.synth import cumulative, down, scrape, text
 from tests.unit.test_changed import changed_window
 from tests.unit.test_rules import hol_history, steady
 
@@ -141,6 +141,14 @@ def _contexts() -> dict[str, Context]:
            for name in ("hung_rank", "lora_deferred", "admission_limit", "asleep", "spec_decode_low", "slow_rank",
                         "pinned_rank")},
         "real_recording": prepare(recording.scrapes(), info=recording.info(), budgets=Budgets(itl_ms=1, ttft_ms=1)),
+        # Outcomes: 2 of every 10 answered 5xx; 3 of 11 refused 4xx; 3 of 8 answers never finished while
+        # 6 wait at a cap of 4; every answer finished at prompt + output = --max-model-len 512.
+        "failed": prepare(cumulative([{"gen": 50, "http": (8, 0, 2), "finished": (0, 8, 0, 0)}] * 10)),
+        "rejected": prepare(cumulative([{"gen": 50, "http": (8, 3, 0), "finished": (0, 8, 0, 0)}] * 10)),
+        "gave_up": prepare(cumulative([{"gen": 50, "http": (8, 0, 0), "finished": (0, 5, 0, 0), "running": 4,
+                                        "waiting": 6, "usage": 0.3}] * 10), max_num_seqs=4),
+        "cut": prepare(cumulative([{"gen": 50, "http": (4, 0, 0), "finished": (0, 4, 0, 0),
+                                    "lengths": (4 * 300, 4 * 212, 4)}] * 10), max_model_len=512),
         **{f"log_{kind}": prepare([], log_text=VERSION + line + "\n") for kind, line in STARTUP_LINES.items()},
     }
     for log in FIXTURES.glob("log-*.txt"):

@@ -184,6 +184,42 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         "restart",
         "observable surface §2",
     ),
+    KnobRow(
+        "failed",
+        "Requests fail on the server (finished 'error', HTTP 5xx on the generation handlers)",
+        "The server log names the exception behind each failure; no flag fixes an error the log has not named",
+        (),
+        "read the log",
+        "vllm:request_success_total{finished_reason}; http_requests_total (prometheus-fastapi-instrumentator)",
+    ),
+    KnobRow(
+        "rejected",
+        "Requests refused with HTTP 400: prompts beyond --max-model-len",
+        "Raise --max-model-len when the model's max_position_embeddings and the KV cache allow it; otherwise "
+        "trim the prompts on the client",
+        ("--max-model-len",),
+        "max-model-len ↑, or trim on the client",
+        "vllm/renderers/params.py (\"This model's maximum context length is …\"); http_requests_total",
+    ),
+    KnobRow(
+        "gave-up",
+        "Clients give up (disconnect) while their requests wait: 2xx answers the engine never finished",
+        "Capacity for the queue (--max-num-seqs, or KV memory when it is full), or shed early with "
+        "--max-num-queued-reqs so they get a fast 503 instead of a wait they abandon",
+        ("--max-num-seqs", "--max-num-queued-reqs"),
+        "max-num-seqs ↑, or set max-num-queued-reqs",
+        "http_requests_total vs vllm:request_success_total; vllm/config/scheduler.py (max_num_queued_reqs)",
+    ),
+    KnobRow(
+        "context-cut",
+        "Answers cut at the context limit: finished 'length' with prompt + output at --max-model-len",
+        "vLLM clamps max_tokens to max_model_len - prompt: raise --max-model-len where the model and the KV "
+        "cache allow it, or send shorter prompts or a smaller max_tokens",
+        ("--max-model-len",),
+        "max-model-len ↑, or trim on the client",
+        "vllm/entrypoints/serve/utils/api_utils.py (get_max_tokens); vllm:request_prompt_tokens, "
+        "vllm:request_generation_tokens",
+    ),
 )
 
 KNOBS_BY_ID = {row.id: row for row in KNOB_TABLE}

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.logs import ERROR_PATTERNS
-from diagnostics.core.diagnosis.rules import changes, features, latency, memory, outages, queueing, ranks, startup
+from diagnostics.core.diagnosis.rules import (
+    changes, features, latency, memory, outages, outcomes, queueing, ranks, startup,
+)
 from diagnostics.core.diagnosis.types import Finding
 
 
@@ -108,6 +110,16 @@ RULES: tuple[Rule, ...] = (
          alert="VLLMSlowRank", scenario="slow_rank"),
     Rule("tokens_stopped", outages.tokens_stopped, ("tokens_stopped",), ("stall",), chart="generation_tokens",
          alert=None, scenario=None),
+    # Outcomes: what users got. Listed before the queue and capacity rows: a give-up's range begins with
+    # the wait that caused it, so on a tie the failure users saw leads and the queue finding follows.
+    Rule("requests_failed", outcomes.requests_failed, ("requests_failed",), ("failed",), chart="generation_tokens",
+         alert=None, scenario=None),
+    Rule("requests_rejected", outcomes.requests_rejected, ("requests_rejected",), ("rejected",),
+         chart="request_prompt_tokens", alert=None, scenario=None),
+    Rule("clients_gave_up", outcomes.clients_gave_up, ("clients_gave_up",), ("gave-up",),
+         chart="num_requests_waiting", alert=None, scenario=None),
+    Rule("answers_cut_at_context", outcomes.answers_cut_at_context, ("answers_cut_at_context",), ("context-cut",),
+         chart="request_generation_tokens", alert=None, scenario=None),
     Rule("kv_pressure", memory.kv_pressure, ("kv_pressure",), ("preemption",), chart="kv_cache_usage_perc",
          alert="VLLMKVCachePressure", scenario="kv_pressure", absent="kv_pressure", while_tokens_stopped=False),
     Rule("queue_at_cap", queueing.queue_at_cap, ("queue_at_cap",), ("queue-at-cap",), chart="num_requests_waiting",

@@ -183,6 +183,14 @@ class Thresholds:
     min_gpu_memory_utilization: float = 0.05
     # The sampler warm-up ran out of memory with N dummy requests: --max-num-seqs to this share of N.
     sampler_oom_seqs_share: float = 0.5
+    # Outcomes (rules/outcomes.py): a count below this many requests says nothing, whatever its share.
+    outcome_min_requests: int = 3
+    failed_min_share: float = 0.01  # of the window's requests, failed on the server (error, 5xx)
+    failed_critical_share: float = 0.5  # this share failing: the server mostly does not serve
+    rejected_min_share: float = 0.01  # refused with HTTP 4xx before the engine saw them
+    gave_up_min_share: float = 0.05  # of the 2xx answers, never finished by the engine
+    gave_up_wait_seconds: float = 1.0  # queue time or TTFT p95 above this: the clients were made to wait
+    cut_min_share: float = 0.05  # of the finished sequences, cut at --max-model-len
 
 
 @dataclass(frozen=True, slots=True)

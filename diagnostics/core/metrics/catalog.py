@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from diagnostics.core.metrics.parse import PROCESS_START, Sample, parse_vllm_samples
+from diagnostics.core.metrics.parse import HTTP_REQUESTS, PROCESS_START, Sample, parse_vllm_samples
 
 EngineKey = tuple[str, str]
 """``(model_name, engine)`` as labelled; ``""`` where the version has no such label."""
@@ -54,6 +54,13 @@ LABELLED_GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
     "engine_sleep_state": (("vllm:engine_sleep_state",), "sleep_state"),
 }
 
+# The handlers whose requests reach the engine (a completion, a chat, a response, a message); the rest
+# (/v1/models, /tokenize, /sleep, …) never finish in vllm:request_success, so they are left out.
+GENERATION_HANDLERS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+                                 "/inference/v1/generate"})
+GENERATION_REQUESTS = "http_generation_requests"  # the summed series' name (not one vLLM exposes)
+HTTP_STATUS_CLASSES = ("2xx", "4xx", "5xx")
+
 LABELLED_COUNTERS: dict[str, tuple[tuple[str, ...], str]] = {
     "request_success": (("vllm:request_success",), "finished_reason"),
     "admission_rejections": (("vllm:admission_rejections",), "reason"),
@@ -62,6 +69,9 @@ LABELLED_COUNTERS: dict[str, tuple[tuple[str, ...], str]] = {
     "prompt_tokens_by_source": (("vllm:prompt_tokens_by_source",), "source"),
     # 0.32+: prefix-cache hit tokens by the cache tier that supplied them.
     "prompt_tokens_cached_by_source": (("vllm:prompt_tokens_cached_by_source",), "source"),
+    # The API server's http_requests_total on the generation handlers (GENERATION_HANDLERS), summed by
+    # status class: "2xx", "4xx" and "5xx" are always there once the server exports the counter.
+    "http_requests": ((GENERATION_REQUESTS,), "status"),
 }
 
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
@@ -363,15 +373,40 @@ def _histogram_from(name: str, names: Mapping[str, list[Sample]]) -> dict[Engine
     return out
 
 
+def _status_class(status: str) -> str:
+    """``"2xx"`` as the instrumentator groups it by default; an ungrouped ``"404"`` becomes ``"4xx"``."""
+    return f"{status[0]}xx" if status[:1].isdigit() else status
+
+
+def _generation_requests(http: Iterable[Sample]) -> list[Sample]:
+    """``http_requests_total`` on the generation handlers, summed by status class, with every class of
+    :data:`HTTP_STATUS_CLASSES` present (0 until its first request: the instrumentator creates a series
+    on its first observation, and an increase must count that one)."""
+    by_status = dict.fromkeys(HTTP_STATUS_CLASSES, 0.0)
+    for s in http:
+        if s.labels.get("handler") in GENERATION_HANDLERS:
+            status = _status_class(s.labels.get("status", ""))
+            by_status[status] = by_status.get(status, 0.0) + s.value
+    return [Sample(GENERATION_REQUESTS + "_total", {"status": status}, value) for status, value in by_status.items()]
+
+
 def snapshot_from_samples(samples: Iterable[Sample]) -> Snapshot:
     """Group parsed samples into concepts, choosing each concept's spelling by presence."""
     names: dict[str, list[Sample]] = {}
     process_start: float | None = None
+    http: list[Sample] = []
+    exports_http = False
     for sample in samples:
         if sample.name == PROCESS_START:
             process_start = sample.value
             continue
+        if sample.name == HTTP_REQUESTS:
+            http.append(sample)
+            exports_http = True
+            continue
         names.setdefault(sample.name, []).append(sample)
+    if exports_http:
+        names[GENERATION_REQUESTS + "_total"] = _generation_requests(http)
 
     # The shape of this scrape (what sits where) and its numbers, in one pass.
     shape: list[tuple[object, ...]] = []

@@ -3,7 +3,7 @@
 prometheus_client's ``text_string_to_metric_families`` is the reference parser, but it takes about
 20 ms for a real 52 KB vLLM payload: 2 % of a 1 s scrape interval spent before any maths. This
 parser reads only what the dashboard uses (``vllm:`` samples, minus ``*_created``, plus
-``process_start_time_seconds``) and is checked sample-for-sample against prometheus_client on real
+``process_start_time_seconds`` and the API server's ``http_requests_total``) and is checked sample-for-sample against prometheus_client on real
 payloads (``tests/unit/test_parse.py``, ``bench/ingest.py``).
 """
 
@@ -17,6 +17,9 @@ from diagnostics.errors import BadMetricsPayload
 
 VLLM_PREFIX = "vllm:"
 PROCESS_START = "process_start_time_seconds"
+# prometheus-fastapi-instrumentator's counter in vLLM's API server: requests by handler, method and
+# status class ("2xx", "4xx", "5xx"); the outcomes of requests the engine never saw are only here.
+HTTP_REQUESTS = "http_requests_total"
 
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -82,7 +85,8 @@ def parse_line(line: str, line_no: int = 0) -> Sample:
 
 
 def parse_vllm_samples(text: str) -> list[Sample]:
-    """Every ``vllm:`` sample (``*_created`` skipped) and ``process_start_time_seconds``.
+    """Every ``vllm:`` sample (``*_created`` skipped), ``process_start_time_seconds`` and
+    ``http_requests_total``.
 
     Values are floats as exposed, NaN and ±Inf included. A malformed line among those read raises
     :class:`BadMetricsPayload` naming its line number; other families are not inspected.
@@ -97,5 +101,9 @@ def parse_vllm_samples(text: str) -> list[Sample]:
         elif line.startswith(PROCESS_START):
             sample = parse_line(line.rstrip("\r"), line_no)
             if sample.name == PROCESS_START and math.isfinite(sample.value):
+                samples.append(sample)
+        elif line.startswith(HTTP_REQUESTS):
+            sample = parse_line(line.rstrip("\r"), line_no)
+            if sample.name == HTTP_REQUESTS:
                 samples.append(sample)
     return samples

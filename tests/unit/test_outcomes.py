@@ -1,0 +1,240 @@
+"""Outcomes, the fourth golden signal (diagnostics/core/diagnosis/outcomes.py, rules/outcomes.py): what
+the two counters say together, and when each outcome rule speaks, on synthetic vLLM 0.32 scrapes (the
+real recordings are judged in test_corpus.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from diagnostics.cli.render import render_findings
+from diagnostics.core.diagnosis import Thresholds, diagnose, exit_code, prepare
+from diagnostics.core.diagnosis.outcomes import outcomes
+from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.core.metrics.failure import ErrorKind
+from tests.unit.synth import cumulative, down, text
+
+OUTCOME_IDS = {"requests_failed", "requests_rejected", "clients_gave_up", "answers_cut_at_context"}
+
+
+def ids(history: Sequence[Scrape], **kw: object) -> list[str]:
+    return [f.id for f in diagnose(prepare(history, **kw)) if f.severity != "info"]  # type: ignore[arg-type]
+
+
+def outcome(history: Sequence[Scrape], fid: str, **kw: object):  # type: ignore[no-untyped-def]
+    return next(f for f in diagnose(prepare(history, **kw)) if f.id == fid)  # type: ignore[arg-type]
+
+
+def seconds(n: int, pin: str = "", **added: object) -> list[Scrape]:
+    """``n`` scrapes a second apart, each second adding ``added`` (see synth.cumulative)."""
+    return cumulative([{"gen": 50, **added}] * n, pin=pin)  # type: ignore[list-item]
+
+
+# -- what is counted ------------------------------------------------------------------------------
+
+
+def test_only_the_generation_handlers_count_and_an_ungrouped_status_joins_its_class() -> None:
+    body = ('http_requests_total{handler="/v1/models",method="GET",status="2xx"} 7\n'
+            'http_requests_total{handler="/tokenize",method="POST",status="4xx"} 5\n'
+            'http_requests_total{handler="/v1/chat/completions",method="POST",status="404"} 2\n'
+            'http_requests_total{handler="/v1/chat/completions",method="POST",status="4xx"} 1\n'
+            'http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 3\n')
+    assert parse_snapshot(body).by_label("http_requests") == {"2xx": 3.0, "4xx": 3.0, "5xx": 0.0}
+
+
+def test_a_status_series_born_inside_the_window_counts_from_its_first_request() -> None:
+    """The instrumentator creates the 4xx series with its first 400: a window that began before it
+    must count all of them, not from the second scrape that shows it."""
+    before = text(http=(10, 0, 0), finished=(0, 10, 0, 0)).replace(
+        'http_requests_total{handler="/v1/completions",method="POST",status="4xx"} 0\n', "")
+    scrapes = [Scrape(0.0, parse_snapshot(before)), Scrape(1.0, parse_snapshot(text(http=(10, 6, 0),
+                                                                                     finished=(0, 10, 0, 0))))]
+    assert "status=\"4xx\"" not in before
+    assert outcomes(prepare(scrapes)).rejected == 6
+
+
+def test_n_samples_count_once_per_request_so_they_hide_no_give_up() -> None:
+    """n = 4: four finished sequences per request. 10 answers, 7 requests finished (28 sequences):
+    3 given up, which summing request_success (28 > 10) would hide."""
+    history = seconds(6, http=(10, 0, 0), finished=(0, 28, 0, 0), n_counts=[0, 0, 7, 0, 0, 0],
+                      running=4, waiting=3, usage=0.2)
+    o = outcomes(prepare(history))
+    assert (o.answered, o.engine_requests, o.gave_up) == (50, 35, 15)
+
+
+def test_a_window_begun_mid_burst_counts_no_give_up_for_answers_still_being_sent() -> None:
+    """At the first scrape the engine had finished 6 requests whose 2xx was not yet counted (it is
+    counted with the answer's last byte): counted inside the window, they were never given up."""
+    history = [Scrape(0.0, parse_snapshot(text(http=(94, 0, 0), finished=(0, 100, 0, 0), running=4))),
+               *[Scrape(float(t), parse_snapshot(text(http=(94 + 6 + 10 * t, 0, 0), finished=(0, 100 + 10 * t, 0, 0),
+                                                     running=4, waiting=5))) for t in range(1, 6)]]
+    o = outcomes(prepare(history))
+    assert (o.answered, o.engine_requests, o.lag_at_start, o.gave_up) == (56, 50, 6, 0)
+    assert "clients_gave_up" not in ids(history)
+
+
+def test_the_admission_limits_503s_are_not_server_failures() -> None:
+    history = [Scrape(float(t), parse_snapshot(text(http=(5 * t, 0, 10 * t), finished=(0, 5 * t, 0, 0))
+                                               + f'vllm:admission_rejections_total{{model_name="m",'
+                                                 f'reason="max_num_queued_reqs"}} {10 * t}\n'))
+               for t in range(6)]
+    o = outcomes(prepare(history))
+    assert (o.shed, o.server_errors, o.failed) == (50, 0, 0)
+    assert "requests_failed" not in ids(history)
+
+
+def test_counts_after_a_restart_start_from_the_new_process() -> None:
+    first = [Scrape(float(t), parse_snapshot(text(http=(10 * t, 0, 0), finished=(0, 10 * t, 0, 0))))
+             for t in range(4)]
+    second = [Scrape(4.0 + t, parse_snapshot(text(http=(3 + 10 * t, 0, 0), finished=(0, 3 + 10 * t, 0, 0),
+                                                  started_at=2000))) for t in range(3)]
+    o = outcomes(prepare(first + second))
+    assert (o.answered, o.engine_requests, o.gave_up) == (30 + 23, 30 + 23, 0)
+
+
+# -- failed ---------------------------------------------------------------------------------------
+
+
+def test_engine_errors_and_5xx_fail_and_half_failing_is_critical() -> None:
+    assert outcome(seconds(10, http=(9, 0, 1), finished=(0, 9, 0, 0)), "requests_failed").severity == "warning"
+    half = outcome(seconds(10, http=(4, 0, 4), finished=(0, 4, 0, 0)), "requests_failed")
+    assert half.severity == "critical" and half.evidence["failed"] == 36
+    errors = outcome(seconds(10, http=(9, 0, 0), finished=(0, 7, 0, 2)), "requests_failed")
+    assert errors.evidence["finished_error"] == 18 and "engine error" in errors.title
+
+
+def test_one_failure_in_a_hundred_is_below_the_share_and_two_are_below_the_count() -> None:
+    assert "requests_failed" not in ids(seconds(11, http=(100, 0, 0.1), finished=(0, 100, 0, 0)))  # 1 of 1000
+    assert "requests_failed" not in ids(seconds(3, http=(1, 0, 1), finished=(0, 1, 0, 0)))  # 2 of 4
+
+
+# -- rejected -------------------------------------------------------------------------------------
+
+LOG_SET = "INFO 12-01 04:12:49 [api_utils.py:286] non-default args: {'model': 'm', 'max_model_len': 512}\n"
+LOG_UNSET = "INFO 12-01 04:12:49 [api_utils.py:286] non-default args: {'model': 'm'}\n"
+
+
+def test_4xx_prompts_raise_max_model_len_when_it_was_set_below_the_model() -> None:
+    found = outcome(seconds(10, http=(8, 3, 0), finished=(0, 8, 0, 0)), "requests_rejected", log_text=LOG_SET,
+                    max_model_len=512)
+    assert found.severity == "warning" and found.evidence["rejected"] == 27
+    assert [(s.flag, s.direction) for s in found.suggestions] == [("--max-model-len", "increase")]
+
+
+def test_4xx_prompts_at_the_models_own_maximum_are_trimmed_on_the_client() -> None:
+    """No --max-model-len in the log's non-default args: vLLM derived it from the model, so no flag."""
+    found = outcome(seconds(10, http=(8, 3, 0), finished=(0, 8, 0, 0)), "requests_rejected", log_text=LOG_UNSET,
+                    max_model_len=2048)
+    assert found.suggestions == () and found.checks[0].startswith("Trim on the client")
+
+
+def test_4xx_prompts_with_a_kv_cache_no_longer_than_the_context_are_trimmed_on_the_client() -> None:
+    history = seconds(10, http=(8, 3, 0), finished=(0, 8, 0, 0), pin=',kv_cache_size_tokens="512"')
+    found = outcome(history, "requests_rejected", max_model_len=512)
+    assert found.suggestions == () and "KV cache holds 512 tokens" in found.checks[0]
+
+
+# -- given up -------------------------------------------------------------------------------------
+
+
+def test_answers_never_finished_under_a_queue_are_given_up_and_capacity_is_the_fix() -> None:
+    history = seconds(10, http=(8, 0, 0), finished=(0, 5, 0, 0), running=4, waiting=6, usage=0.3)
+    found = outcome(history, "clients_gave_up", max_num_seqs=4)
+    assert found.severity == "warning" and found.evidence["gave_up"] == 27
+    assert [(s.flag, s.direction, s.value) for s in found.suggestions] == [
+        ("--max-num-seqs", "increase", 10), ("--max-num-queued-reqs", "set", 4)]
+    # It leads the queue finding, which names the same cap.
+    assert ids(history, max_num_seqs=4)[:2] == ["clients_gave_up", "queue_at_cap"]
+
+
+def test_give_ups_with_a_full_kv_cache_ask_for_kv_room_not_a_larger_batch() -> None:
+    history = seconds(10, http=(8, 0, 0), finished=(0, 5, 0, 0), running=4, waiting=6, usage=0.99)
+    found = outcome(history, "clients_gave_up", max_num_seqs=4)
+    assert "--max-num-seqs" not in {s.flag for s in found.suggestions}
+
+
+def test_give_ups_without_a_wait_name_no_flag() -> None:
+    found = outcome(seconds(10, http=(8, 0, 0), finished=(0, 5, 0, 0), running=2), "clients_gave_up")
+    assert found.suggestions == () and "timeout is shorter" in found.title
+
+
+@pytest.mark.parametrize(("answered", "finished"), [(10, 9.8), (100, 97)], ids=["two in all", "three percent"])
+def test_a_few_unfinished_answers_are_not_give_ups(answered: float, finished: float) -> None:
+    history = seconds(11, http=(answered, 0, 0), finished=(0, finished, 0, 0), running=4, waiting=6)
+    assert "clients_gave_up" not in ids(history)
+
+
+def test_answers_cut_by_an_outage_or_a_restart_are_not_given_up() -> None:
+    base = seconds(8, http=(8, 0, 0), finished=(0, 5, 0, 0), running=4, waiting=6)
+    assert "clients_gave_up" in ids(base)
+    assert "clients_gave_up" not in ids(base[:4] + [down(3.5)] + base[4:])
+    assert "clients_gave_up" in ids(base[:4] + [down(3.5, ErrorKind.TIMEOUT)] + base[4:])  # a late scrape
+
+
+# -- cut at the context limit ---------------------------------------------------------------------
+
+
+def test_answers_whose_prompt_and_output_reach_max_model_len_were_cut() -> None:
+    history = seconds(10, http=(4, 0, 0), finished=(0, 4, 0, 0), lengths=(4 * 300, 4 * 212, 4))
+    found = outcome(history, "answers_cut_at_context", max_model_len=512)
+    assert found.evidence["cut_at_context"] == 36 and found.severity == "warning"
+    assert found.suggestions[0].flag == "--max-model-len"
+
+
+def test_an_ignore_eos_benchmark_one_token_short_of_the_limit_stays_quiet() -> None:
+    """Every request finishes 'length' at its own max_tokens, prompt + output 511 of 512."""
+    history = seconds(10, http=(4, 0, 0), finished=(0, 4, 0, 0), lengths=(4 * 300, 4 * 211, 4))
+    assert ids(history, max_model_len=512) == []
+
+
+def test_one_cut_beside_a_short_answer_in_the_same_interval_is_not_claimed() -> None:
+    """A lower bound, never a guess: 512 + 300 tokens in two sequences could be one cut or none."""
+    history = seconds(10, http=(2, 0, 0), finished=(0, 2, 0, 0), lengths=(2 * 200, 312 + 100, 2))
+    assert outcomes(prepare(history, max_model_len=512)).cut == 0
+
+
+def test_cut_answers_are_not_judged_without_max_model_len() -> None:
+    history = seconds(10, http=(4, 0, 0), finished=(0, 4, 0, 0), lengths=(4 * 300, 4 * 212, 4))
+    assert outcomes(prepare(history)).cut is None and ids(history) == []
+
+
+# -- the verdict ----------------------------------------------------------------------------------
+
+
+def test_each_user_facing_failure_is_at_least_a_warning_and_exits_non_zero() -> None:
+    cases = {
+        "requests_failed": (seconds(10, http=(8, 0, 2), finished=(0, 8, 0, 0)), {}),
+        "requests_rejected": (seconds(10, http=(8, 3, 0), finished=(0, 8, 0, 0)), {}),
+        "clients_gave_up": (seconds(10, http=(8, 0, 0), finished=(0, 5, 0, 0), waiting=3, running=4), {}),
+        "answers_cut_at_context": (seconds(10, http=(4, 0, 0), finished=(0, 4, 0, 0), lengths=(1200, 848, 4)),
+                                   {"max_model_len": 512}),
+    }
+    assert set(cases) == OUTCOME_IDS
+    for fid, (history, kw) in cases.items():
+        findings = diagnose(prepare(history, **kw))  # type: ignore[arg-type]
+        assert [f.id for f in findings if f.severity != "info"][0] == fid
+        assert exit_code(findings) >= 1, fid
+
+
+def test_a_quiet_verdict_says_what_it_counted() -> None:
+    history = seconds(10, http=(8, 0, 0), finished=(0, 8, 0, 0), running=2, lengths=(8 * 20, 8 * 64, 8))
+    ctx = prepare(history, max_model_len=2048)
+    findings = diagnose(ctx)
+    assert exit_code(findings) == 0
+    out = render_findings(findings, ctx.flags, outcomes(ctx))
+    assert "outcomes      72 requests in 9 s: 0 failed, 0 rejected, 0 given up, 0 cut at the context limit" in out
+
+
+def test_a_quiet_verdict_without_the_http_counter_says_what_it_cannot_see() -> None:
+    history = seconds(10, finished=(0, 8, 0, 0))
+    ctx = prepare(history)
+    out = render_findings(diagnose(ctx), ctx.flags, outcomes(ctx))
+    assert "72 requests finished by the engine" in out and "no http_requests_total" in out
+
+
+def test_thresholds_move_the_rules() -> None:
+    history = seconds(10, http=(8, 0, 0), finished=(0, 5, 0, 0), waiting=3, running=4)
+    strict = Thresholds(gave_up_min_share=0.5)
+    assert "clients_gave_up" not in [f.id for f in diagnose(prepare(history, thresholds=strict))]
