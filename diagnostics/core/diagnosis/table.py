@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.logs import ERROR_PATTERNS
 from diagnostics.core.diagnosis.rules import (
-    changes, features, latency, memory, outages, outcomes, queueing, ranks, startup,
+    changes,
+    features,
+    latency,
+    memory,
+    outages,
+    outcomes,
+    queueing,
+    ranks,
+    startup,
 )
 from diagnostics.core.diagnosis.types import Finding
 
