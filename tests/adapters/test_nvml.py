@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from diagnostics.core.metrics.gpu import GpuMemory, GpuReading
+from diagnostics.core.metrics.gpu import GpuDevice, GpuReading
 from diagnostics.sources import nvml
 
 
@@ -49,8 +49,8 @@ def fresh_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_devices_are_read_as_typed_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
     reading = nvml.read_gpus()
-    assert reading == GpuReading((GpuMemory(0, "NVIDIA H200", 10 * 2**30, 141 * 2**30),
-                                  GpuMemory(1, "NVIDIA H100", 11 * 2**30, 141 * 2**30)))
+    assert reading == GpuReading((GpuDevice(0, "NVIDIA H200", 10 * 2**30, 141 * 2**30),
+                                  GpuDevice(1, "NVIDIA H100", 11 * 2**30, 141 * 2**30)))
     reader, note = nvml.probe()
     assert reader is nvml.read_gpus and note is None
 
@@ -68,6 +68,6 @@ def test_a_failing_query_is_a_reading_that_says_why(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_recording_round_trips_the_devices_and_skips_malformed_ones() -> None:
-    device = GpuMemory(0, "NVIDIA H200", 10 * 2**30, 141 * 2**30)
+    device = GpuDevice(0, "NVIDIA H200", 10 * 2**30, 141 * 2**30)
     reading = GpuReading.from_json([device.to_json(), {"index": "x"}])
     assert reading == GpuReading((device,))

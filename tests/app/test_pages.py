@@ -16,7 +16,7 @@ import httpx
 from streamlit.testing.v1 import AppTest
 
 from diagnostics.collector import Collector, register
-from diagnostics.core.metrics.gpu import GpuMemory, GpuReading
+from diagnostics.core.metrics.gpu import GpuDevice, GpuReading
 from diagnostics.recording import read_recording
 from diagnostics.sources.vllm_http import VllmClient
 from tests.conftest import wait_for
@@ -227,7 +227,7 @@ def test_capacity_page_with_a_pasted_config() -> None:
 
 
 def test_live_page_draws_gpu_memory_when_nvml_reads_devices() -> None:
-    gpus = GpuReading((GpuMemory(0, "NVIDIA H200", 120 * 2**30, 141 * 2**30),))
+    gpus = GpuReading((GpuDevice(0, "NVIDIA H200", 120 * 2**30, 141 * 2**30),))
     register(fed_collector(gpus=gpus))
     at = app("pages/1_Live.py").run()
     assert not at.exception

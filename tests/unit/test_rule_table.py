@@ -23,7 +23,8 @@ from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario
 from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
-from tests.unit.synth import down, scrape, text
+from diagnostics.core.metrics.gpu import ClockEvent
+from tests.unit.synth import down, gpu_readings, scrape, text
 from tests.unit.test_rules import hol_history, steady
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -135,6 +136,9 @@ def _contexts() -> dict[str, Context]:
         "sharing_disabled": prepare(sampled),
         "sharing_not_happening": prepare(unshared),
         "absent": prepare(bare),
+        "gpu_throttled": prepare(steady(10), gpus=gpu_readings(10, clock_events=ClockEvent.SW_POWER_CAP)),
+        "gpu_saturated": prepare(steady(10, running=64, waiting=12, usage=0.97),
+                                 gpus=gpu_readings(10, utilization_gpu_perc=1.0, clock_events=ClockEvent(0))),
         **{name: prepare([Scrape(ts, parse_snapshot(t)) for ts, t in Simulation(name).run_for(40)])
            for name in ("hung_rank", "lora_deferred", "admission_limit", "asleep", "spec_decode_low", "slow_rank",
                         "pinned_rank")},

@@ -152,6 +152,13 @@ class Thresholds:
     min_gpu_memory_utilization: float = 0.05
     # The sampler warm-up ran out of memory with N dummy requests: --max-num-seqs to this share of N.
     sampler_oom_seqs_share: float = 0.5
+    # GPU health (NVML or dcgm-exporter readings): judged on at least this many readings of a device;
+    # throttled when its thermal or power clocks-event reasons are set in this share of them;
+    # saturated when its median utilisation is at least this and requests waited in this share of scrapes.
+    gpu_min_readings: int = 3
+    gpu_throttled_share: float = 0.5
+    gpu_saturated_utilization_perc: float = 0.95
+    gpu_saturated_waiting_share: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
