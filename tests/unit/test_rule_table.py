@@ -20,10 +20,10 @@ from diagnostics.core.diagnosis.table import BARE, Stamp
 from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, HISTOGRAMS, RATIOS, parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
+from diagnostics.core.metrics.gpu import ClockEvent
 from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario
 from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
-from diagnostics.core.metrics.gpu import ClockEvent
 from tests.unit.synth import down, gpu_readings, scrape, text
 from tests.unit.test_rules import hol_history, steady
 
