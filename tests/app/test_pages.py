@@ -255,3 +255,26 @@ def test_the_first_scrape_shows_the_servers_counters_since_start() -> None:
     assert metric(at, "Finished: stop (since start)") == "500"  # the most common reason first
     assert metric(at, "Finished: length (since start)") == "11"
     assert not [m for m in at.metric if m.label == "Finished: abort (since start)"]  # zero: not shown
+
+
+def test_live_page_shows_the_gpu_panel_of_the_simulated_engine_and_its_throttle() -> None:
+    """With nothing configured the app attaches to the simulated engine and reads its DCGM-shaped
+    endpoint as the GPU metrics URL: the GPU panel's table and four charts; the thermal scenario
+    then puts the throttle warning above them."""
+    at = app("pages/1_Live.py", url=None)
+    run_until(at, lambda at: any(s.value == "GPU health" for s in at.subheader) and at.dataframe)
+    assert not at.exception
+    assert any(c.value.startswith("Read from http") and "/dcgm/metrics beside each scrape" in c.value for c in at.caption)
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["Device", "Clock-event reasons", "Utilisation", "Temperature", "Power (of limit)",
+                                   "SM clock (of max)"]
+    assert table["Device"][0] == "GPU 0 · NVIDIA H100 80GB HBM3 @ sim-gpu-node"
+    assert table["Power (of limit)"][0].endswith("W of 700")
+    assert not any("GPU health: not available" in i.value or "not reported by" in i.value for i in at.info)
+    assert not any("GPU memory: not available" in i.value for i in at.info)  # memory from DCGM too
+    at.sidebar.selectbox(key="sim_scenario").set_value("gpu_thermal_throttle")
+    run_until(at, lambda at: any("is throttled now" in w.value for w in at.warning))
+    assert not at.exception
+    [warning] = [w.value for w in at.warning if "is throttled now" in w.value]
+    assert "SW thermal slowdown, HW thermal slowdown" in warning and "No vLLM flag fixes this" in warning
+    at.sidebar.selectbox(key="sim_scenario").set_value("healthy").run()
