@@ -118,13 +118,18 @@ class Simulation:
 
     def run_for(self, seconds: float, scrape_every: float = 1.0) -> list[tuple[float, str]]:
         """Run ``seconds`` of simulated time as fast as possible; the /metrics text every interval."""
+        return [(t, text) for t, text, _ in self.run_for_with_gpus(seconds, scrape_every)]
+
+    def run_for_with_gpus(self, seconds: float, scrape_every: float = 1.0) -> list[tuple[float, str, str]]:
+        """:meth:`run_for`, with the GPUs' dcgm-exporter text read beside each /metrics (as the
+        collector reads a GPU metrics URL)."""
         out = []
         start = self.now
         t = start
         while t < start + seconds:
             t += scrape_every
             self.run_until(t)
-            out.append((t, self.metrics_text()))
+            out.append((t, self.metrics_text(), self.dcgm_text()))
         return out
 
     def start(self, speed: float = 1.0) -> Simulation:

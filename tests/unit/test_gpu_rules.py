@@ -1,7 +1,7 @@
 """The GPU rules judge NVML / dcgm-exporter readings per device: a clock held down for heat or for
-power is named with its reading (and no vLLM flag), a GPU busy all the time while requests wait and
-the batch cannot grow is named as capacity; a healthy GPU, a merely busy one, and a queue held by
---max-num-seqs with the KV cache empty stay quiet."""
+power is named with its reading (and no vLLM flag); a GPU busy all the time at its power limit while
+requests wait, with KV room and below the batch cap, is named as capacity. A healthy GPU, a merely
+busy one (utilisation pegged at a modest power draw), a KV-bound queue and a cap-held queue stay quiet."""
 
 from __future__ import annotations
 
@@ -72,27 +72,45 @@ def test_a_healthy_busy_gpu_with_nobody_waiting_gives_no_gpu_finding() -> None:
     assert not {"gpu_throttled", "gpu_saturated"} & set(_ids(found))
 
 
-def test_a_saturated_gpu_is_named_when_requests_wait_and_the_kv_cache_is_full() -> None:
-    ctx = prepare(steady(20, running=64, waiting=12, usage=0.97), gpus=gpu_readings(20, **HEALTHY))
+DRAWN = dict(HEALTHY, power_watts=665.0)  # 665 W is 95 % of 700 W, over the 90 % the rule asks
+
+
+def test_a_gpu_busy_at_its_power_limit_while_requests_wait_is_saturated() -> None:
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.5), gpus=gpu_readings(20, **DRAWN))
     [finding] = gpu.gpu_saturated(ctx)
-    assert "busy 97 % of the time while requests waited in 100 % of scrapes" in finding.title
-    assert finding.evidence["max_num_requests_waiting"] == 12 and finding.evidence["kv_cache_usage_perc"] == 0.97
+    assert "saturated: busy 97 % of the time at 665 W of its 700 W limit while requests waited in 100 % of scrapes" \
+        in finding.title
+    assert finding.evidence["max_num_requests_waiting"] == 12 and finding.evidence["kv_cache_usage_perc"] == 0.5
     assert "--data-parallel-size" in finding.checks[1]
 
 
-def test_a_saturated_gpu_at_its_power_limit_is_named_though_the_kv_cache_has_room() -> None:
-    drawn = dict(HEALTHY, power_watts=690.0)  # 690 >= 0.95 * 700
-    ctx = prepare(steady(20, running=64, waiting=12, usage=0.3), gpus=gpu_readings(20, **drawn))
-    assert _ids(gpu.gpu_saturated(ctx)) == ["gpu_saturated"]
-
-
-def test_a_queue_held_by_the_cap_with_the_kv_cache_empty_is_not_the_gpus() -> None:
-    ctx = prepare(steady(20, running=8, waiting=30, usage=0.01), gpus=gpu_readings(20, **HEALTHY))
+def test_utilisation_pegged_at_a_modest_power_draw_is_not_saturated() -> None:
+    """520 W of 700 (74 %): a kernel always running, the SMs not out of work."""
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.5), gpus=gpu_readings(20, **HEALTHY))
     assert gpu.gpu_saturated(ctx) == []
 
 
+def test_without_a_power_limit_saturation_is_not_judged() -> None:
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.5),
+                  gpus=gpu_readings(20, **dict(DRAWN, power_limit_watts=None)))
+    assert gpu.gpu_saturated(ctx) == []
+
+
+def test_a_kv_bound_queue_is_kv_pressures_not_the_gpus() -> None:
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.97), gpus=gpu_readings(20, **DRAWN))
+    assert gpu.gpu_saturated(ctx) == []
+
+
+def test_a_queue_held_at_a_known_max_num_seqs_is_the_caps_not_the_gpus() -> None:
+    ctx = prepare(steady(20, running=8, waiting=30, usage=0.05), gpus=gpu_readings(20, **DRAWN), max_num_seqs=8)
+    assert gpu.gpu_saturated(ctx) == []
+    below = prepare(steady(20, running=8, waiting=30, usage=0.05), gpus=gpu_readings(20, **DRAWN), max_num_seqs=64)
+    assert _ids(gpu.gpu_saturated(below)) == ["gpu_saturated"]
+
+
 def test_a_throttled_gpu_is_not_also_called_saturated() -> None:
-    ctx = prepare(steady(20, running=64, waiting=12, usage=0.97), gpus=gpu_readings(20, **HOT))
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.5), gpus=gpu_readings(20, **dict(HOT, power_watts=665.0,
+                                                                                               power_limit_watts=700.0)))
     assert _ids(diagnose(ctx)).count("gpu_throttled") == 1 and "gpu_saturated" not in _ids(diagnose(ctx))
 
 

@@ -137,8 +137,9 @@ def _contexts() -> dict[str, Context]:
         "sharing_not_happening": prepare(unshared),
         "absent": prepare(bare),
         "gpu_throttled": prepare(steady(10), gpus=gpu_readings(10, clock_events=ClockEvent.SW_POWER_CAP)),
-        "gpu_saturated": prepare(steady(10, running=64, waiting=12, usage=0.97),
-                                 gpus=gpu_readings(10, utilization_gpu_perc=1.0, clock_events=ClockEvent(0))),
+        "gpu_saturated": prepare(steady(10, running=64, waiting=12, usage=0.5),
+                                 gpus=gpu_readings(10, utilization_gpu_perc=1.0, clock_events=ClockEvent(0),
+                                                   power_watts=690.0, power_limit_watts=700.0)),
         **{name: prepare([Scrape(ts, parse_snapshot(t)) for ts, t in Simulation(name).run_for(40)])
            for name in ("hung_rank", "lora_deferred", "admission_limit", "asleep", "spec_decode_low", "slow_rank",
                         "pinned_rank")},

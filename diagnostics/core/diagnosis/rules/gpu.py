@@ -121,13 +121,14 @@ def _over_slowdown(devices: Sequence[GpuDevice]) -> bool:
 
 
 def gpu_saturated(ctx: Context) -> list[Finding]:
-    """A device busy nearly all the time (median utilisation at least ``gpu_saturated_utilization_perc``)
-    while requests waited in at least ``gpu_saturated_waiting_share`` of the scrapes, the batch
-    could not simply grow (the KV cache near full, median usage at least ``kv_low_perc``, or the
-    board drawing ``gpu_saturated_utilization_perc`` of its power limit), and not throttled (then
-    the clock is the cause: :func:`gpu_throttled`). Busy alone is not a problem: vLLM decoding
-    keeps a kernel running whatever the batch, which is all utilisation counts; a queue held by
-    --max-num-seqs with the KV cache empty is the cap's (``queue_at_cap``), not the GPU's."""
+    """A device out of compute while requests wait: median utilisation at least
+    ``gpu_saturated_utilization_perc``, drawing at least ``gpu_saturated_power_perc`` of its power
+    limit (median), requests waiting in at least ``gpu_saturated_waiting_share`` of the scrapes, and
+    not throttled (then the clock is the cause: :func:`gpu_throttled`). Utilisation alone counts the
+    time a kernel ran, which vLLM decoding keeps near 100 % at any batch: the power draw is what says
+    the SMs are working. Not judged without a power reading and its limit; not when the KV cache
+    is full (``kv_full_perc``: the memory holds the batch, ``kv_pressure``) or the running count sits
+    at a known --max-num-seqs (the cap holds it, ``queue_at_cap``)."""
     t = ctx.thresholds
     waiting = [snap.value("num_requests_waiting") for _, snap in ctx.ok]
     known_waiting = [w for w in waiting if w is not None]
@@ -137,6 +138,10 @@ def gpu_saturated(ctx: Context) -> list[Finding]:
     if waited < t.gpu_saturated_waiting_share:
         return []
     kv_usage = _median([snap.value("kv_cache_usage_perc") for _, snap in ctx.ok])
+    running = _median([snap.value("num_requests_running") for _, snap in ctx.ok])
+    cap = ctx.flags.max_num_seqs
+    if (kv_usage is not None and kv_usage >= t.kv_full_perc) or (cap and running is not None and running >= cap):
+        return []
     findings = []
     for timed in _devices(ctx).values():
         devices = [d for _, d in timed]
@@ -147,24 +152,22 @@ def gpu_saturated(ctx: Context) -> list[Finding]:
             continue
         r = _readings(devices)
         power, limit = r["power_watts"], r["power_limit_watts"]
-        power_bound = power is not None and bool(limit) and power >= t.gpu_saturated_utilization_perc * (limit or 0)
-        if not power_bound and (kv_usage is None or kv_usage < t.kv_low_perc):
+        if power is None or not limit or power < t.gpu_saturated_power_perc * limit:
             continue
         device = devices[-1]
         util = statistics.median(utils)
         findings.append(Finding(
             id="gpu_saturated",
             severity="warning",
-            title=f"{device.label} busy {util * 100:.0f} % of the time while requests waited in "
-            f"{waited * 100:.0f} % of scrapes: this GPU has no time to spare",
+            title=f"{device.label} saturated: busy {util * 100:.0f} % of the time at {power:.0f} W of its "
+            f"{limit:.0f} W limit while requests waited in {waited * 100:.0f} % of scrapes",
             evidence={"device": device.label, "uuid": device.uuid, "host": device.host,
                       "num_readings": len(utils), "waiting_share": round(waited, 3),
                       "max_num_requests_waiting": max(known_waiting), "kv_cache_usage_perc": kv_usage,
                       **{k: v for k, v in r.items() if v is not None}},
             checks=(
-                "Utilisation counts the time a kernel ran, not how much of the GPU it used: judge the batch by the "
-                "running count and the KV cache. With KV room and running below --max-num-seqs, the batch can still "
-                "grow; with both at their limit, more requests only queue.",
+                "The GPU is out of compute, not memory or a cap: the KV cache has room and the batch is not at "
+                "--max-num-seqs, yet the board runs at its power limit. A larger batch will not drain the queue.",
                 "Add capacity for the load: another replica (--data-parallel-size or a second server behind the "
                 "router), or --tensor-parallel-size across more GPUs; or shed early with --max-num-queued-reqs.",
             ),
