@@ -24,7 +24,7 @@ from diagnostics.core.metrics.info import ServerInfo, TargetState, TargetStatus
 from diagnostics.core.targets import normalize_url
 from diagnostics.errors import BadPayload, NotVllm, TargetError, TargetHTTPError
 from diagnostics.recording import Record
-from diagnostics.sources.dcgm_http import DcgmReader
+from diagnostics.sources.dcgm_http import DcgmReader, split_gpu_metrics_url
 from diagnostics.sources.vllm_http import VllmClient
 
 MIN_INTERVAL_SECONDS = 0.25
@@ -126,7 +126,10 @@ class Collector:
         """Read GPU health from ``reader`` from the next scrape on (a GPU metrics URL given after the
         collector started); the readings kept so far stay."""
         with self._lock:
-            self._gpu_reader, self.gpu_source = reader, source
+            old, self._gpu_reader, self.gpu_source = self._gpu_reader, reader, source
+        close = getattr(old, "close", None)
+        if callable(close):
+            close()  # the previous exporter's HTTP client
 
     def status(self) -> TargetStatus:
         """The target's state now; *stale* when the last good scrape is older than three intervals
@@ -364,22 +367,24 @@ def shared_collector(
     (one collector per vLLM target, whoever asks). Raises ``ValueError`` for a GPU metrics URL
     that cannot be used."""
     key = _registry_key(url, api_key)
-    dcgm = DcgmReader(gpu_metrics_url) if gpu_metrics_url else None
-    reader, source = (dcgm, dcgm.url) if dcgm is not None else (gpu_reader, "NVML" if gpu_reader else None)
+    wanted = split_gpu_metrics_url(gpu_metrics_url) if gpu_metrics_url else None
     with _REGISTRY_LOCK:
         collector = _REGISTRY.get(key)
         if collector is None or not collector.running:
+            dcgm = DcgmReader(gpu_metrics_url) if gpu_metrics_url else None
             client = VllmClient(url, api_key)
             collector = Collector(
                 client,
                 interval_seconds=interval_seconds,
                 retention_seconds=retention_seconds,
-                gpu_reader=reader,
-                gpu_source=source,
+                gpu_reader=dcgm or gpu_reader,
+                gpu_source=dcgm.url if dcgm is not None else "NVML" if gpu_reader else None,
             )
             _REGISTRY[key] = collector
             collector.start()
-        elif dcgm is not None and collector.gpu_source != dcgm.url:
+        elif wanted is not None and collector.gpu_source != "".join(wanted):
+            # Built only when the URL changes: pages ask on every refresh.
+            dcgm = DcgmReader("".join(wanted))
             collector.use_gpu_reader(dcgm, dcgm.url)
         return collector
 

@@ -117,7 +117,7 @@ def _gpu_metrics_url(value: Any, where: str, problems: list[str]) -> str | None:
     try:
         return normalize_url(str(value), "GPU metrics URL")
     except ValueError as exc:
-        problems.append(f"secrets: {where}: {exc}; GPU health falls back to NVML")
+        problems.append(f"{where}: {exc}; GPU health falls back to NVML")
         return None
 
 
@@ -132,13 +132,13 @@ def targets_from(secrets: Mapping[str, Any], env: Mapping[str, str]) -> TargetsC
             if isinstance(entry, str):
                 targets.append(TargetChoice(str(name), entry, default_key))
             elif isinstance(entry, Mapping) and isinstance(entry.get("url"), str):
-                gpu_url = _gpu_metrics_url(entry.get("gpu_metrics_url"), f"target {name!r}", problems)
+                gpu_url = _gpu_metrics_url(entry.get("gpu_metrics_url"), f"secrets: target {name!r}", problems)
                 targets.append(TargetChoice(str(name), entry["url"], _key(entry, env, default_key), gpu_url))
             else:
                 problems.append(f"secrets: target {name!r} needs a URL")
     env_url = env.get("VLLM_URL")
     if env_url and all(t.url != env_url for t in targets):
-        gpu_url = _gpu_metrics_url(env.get("VLLM_GPU_METRICS_URL"), "VLLM_GPU_METRICS_URL", problems)
+        gpu_url = _gpu_metrics_url(env.get("VLLM_GPU_METRICS_URL"), "environment: VLLM_GPU_METRICS_URL", problems)
         targets.insert(0, TargetChoice("VLLM_URL", env_url, default_key, gpu_url))
     allow = secrets.get("allow_custom_targets", True)
     if isinstance(allow, bool):

@@ -44,6 +44,12 @@ def test_the_shared_collector_switches_to_a_gpu_metrics_url_given_later() -> Non
         again = shared_collector("http://vllm-x:8000", gpu_metrics_url="http://vllm-x:9400/metrics")
         assert again is first
         assert first.gpu_source == "http://vllm-x:9400/metrics"
-        assert isinstance(first._gpu_reader, DcgmReader)
+        reader = first._gpu_reader
+        assert isinstance(reader, DcgmReader)
+        # Asked again on the next refresh, spelled differently: the same reader, not a new client each time.
+        shared_collector("http://vllm-x:8000", gpu_metrics_url="vllm-x:9400/metrics/")
+        assert first._gpu_reader is reader
+        shared_collector("http://vllm-x:8000", gpu_metrics_url="http://vllm-y:9400/metrics")
+        assert first.gpu_source == "http://vllm-y:9400/metrics" and first._gpu_reader is not reader
     finally:
         stop_all()
