@@ -57,3 +57,26 @@ def test_an_instance_opened_from_the_fleet_has_its_gpu_history(fleet: tuple[Prom
     readings = target.gpu_history()
     assert len(readings) >= 3 and all(r.devices[0].host == "sim-gpu-node" for _, r in readings)
     assert readings[-1][1].devices[0].sm_clock_mhz == 1267.0  # 64 % of 1,980 MHz, through Prometheus
+
+
+def test_the_fleet_page_lists_each_gpu_with_its_join_and_warns_for_the_hot_one(
+        fleet: tuple[PrometheusServer, str, str]) -> None:
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    prom, healthy, hot = fleet
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=60)
+    at.switch_page("pages/6_Fleet.py")
+    at.secrets["prometheus_url"] = prom.url
+    at.secrets["prometheus_selector"] = '{job="vllm"}'
+    at.run()
+    assert not at.exception
+    assert "GPUs (dcgm-exporter, through Prometheus)" in [s.value for s in at.subheader]
+    gpus = next(d.value for d in at.dataframe if "joined by" in d.value.columns)
+    rows = {r["instance"]: r for r in gpus.to_dict("records")}
+    assert set(rows) == {healthy, hot} and {r["joined by"] for r in rows.values()} == {"host"}
+    assert rows[hot]["clock-event reasons"] == "SW thermal slowdown, HW thermal slowdown"
+    assert rows[healthy]["clock-event reasons"] == "none"
+    assert rows[hot]["SM clock (of max)"] == "1267 MHz of 1980"
+    assert any("throttled: SW thermal slowdown, HW thermal slowdown" in w.value for w in at.warning)
