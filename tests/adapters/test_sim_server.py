@@ -111,6 +111,11 @@ def test_the_gpu_metrics_url_is_read_beside_the_scrapes_and_a_scenario_throttles
     assert device.throttles == ClockEvent(0) and healthy.source == server.url + SIM_DCGM_PATH
     [record] = collector.recent_records()
     assert record.gpu_source == server.url + SIM_DCGM_PATH and record.gpus and record.gpus[0]["host"] == "sim-gpu-node"
+    # A saved snapshot keeps the readings and their source: its replay has the same GPU history.
+    from diagnostics.recording import encode_recording, read_recording
+
+    replayed = read_recording(encode_recording(collector.recent_records())).replay().gpu_history()
+    assert replayed == collector.gpu_history()
     server.sim.set_scenario("gpu_thermal_throttle")
 
     def loaded() -> bool:  # the fresh engine idles (idle clock) until its first requests arrive
