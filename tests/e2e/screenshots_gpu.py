@@ -25,11 +25,15 @@ OUT = ROOT / "docs" / "screenshots"
 
 
 def _section(page: Page, heading: str, path: Path, height: int) -> None:
-    """From ``heading`` down ``height`` pixels of the full page."""
-    box = page.get_by_text(heading, exact=True).first.bounding_box()
+    """From ``heading`` down ``height`` pixels (Streamlit scrolls its own container, not the page:
+    the heading is scrolled to the top of the viewport first)."""
+    element = page.get_by_text(heading, exact=True).first
+    element.evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(1500)
+    box = element.bounding_box()
     assert box is not None, heading
-    page.screenshot(path=str(path), full_page=True,
-                    clip={"x": 0, "y": max(0, box["y"] - 20), "width": 1500, "height": height})
+    top = max(0, box["y"] - 60)
+    page.screenshot(path=str(path), clip={"x": 0, "y": top, "width": 1500, "height": min(height, 2400 - top)})
     print("wrote", path)
 
 
