@@ -69,7 +69,7 @@ def gpu_section(joined: Mapping[str, GpuJoin]) -> None:
         last = join.last
         for device in last.devices if last is not None else ():
             if device.throttles:
-                st.warning(f"`{md_escape(instance)}` · {md_escape(device.label)} throttled: "
+                st.warning(f"{md_escape(instance)} · {md_escape(device.label)} throttled: "
                            f"{md_escape(', '.join(clock_event_names(device.throttles)))} (no vLLM flag fixes this).")
     st.dataframe(fleet_view.gpu_frame(joined), hide_index=True, width="stretch", key="fleet-gpus")
     st.caption("Joined by pod when dcgm-exporter maps GPUs to pods and the vLLM target carries `pod` labels, else "
