@@ -24,6 +24,7 @@ from diagnostics.core.metrics.info import ServerInfo, TargetState, TargetStatus
 from diagnostics.core.targets import normalize_url
 from diagnostics.errors import BadPayload, NotVllm, TargetError, TargetHTTPError
 from diagnostics.recording import Record
+from diagnostics.sources.dcgm_http import DcgmReader, split_gpu_metrics_url
 from diagnostics.sources.vllm_http import VllmClient
 
 MIN_INTERVAL_SECONDS = 0.25
@@ -49,12 +50,15 @@ class Collector:
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         raw_retention_seconds: float = DEFAULT_RAW_RETENTION_SECONDS,
         gpu_reader: GpuReader | None = None,
+        gpu_source: str | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] | None = None,
     ) -> None:
         """``clock`` stamps the scrapes; ``monotonic`` and ``sleep`` pace the loop (a test injects
-        fake ones to run intervals without waiting; ``sleep`` defaults to a wait that ``stop`` ends)."""
+        fake ones to run intervals without waiting; ``sleep`` defaults to a wait that ``stop`` ends).
+        ``gpu_reader`` reads GPU health beside each scrape (NVML, or a dcgm-exporter at the GPU metrics
+        URL, named by ``gpu_source``)."""
         if interval_seconds < MIN_INTERVAL_SECONDS:
             raise ValueError(f"interval must be at least {MIN_INTERVAL_SECONDS} s")
         self.client = client
@@ -62,6 +66,7 @@ class Collector:
         self.interval_seconds = interval_seconds
         self.retention_seconds = retention_seconds
         self._gpu_reader = gpu_reader
+        self.gpu_source = gpu_source
         self._clock = clock
         self._history: deque[Scrape] = deque(maxlen=int(retention_seconds / interval_seconds) + 1)
         self._gpus: deque[tuple[float, GpuReading]] = deque(maxlen=self._history.maxlen)
@@ -109,13 +114,22 @@ class Collector:
             metrics = zlib.decompress(blob).decode("utf-8") if blob is not None else None
             records.append(
                 Record(ts, self.target, metrics=metrics, error=error, error_kind=kind, info=info if i == 0 else None,
-                       gpus=_gpus_json(gpus))
+                       gpus=_gpus_json(gpus), gpu_source=gpus.source if gpus is not None else None)
             )
         return records
 
     def gpu_history(self) -> list[tuple[float, GpuReading]]:
         with self._lock:
             return list(self._gpus)
+
+    def use_gpu_reader(self, reader: GpuReader | None, source: str | None) -> None:
+        """Read GPU health from ``reader`` from the next scrape on (a GPU metrics URL given after the
+        collector started); the readings kept so far stay."""
+        with self._lock:
+            old, self._gpu_reader, self.gpu_source = self._gpu_reader, reader, source
+        close = getattr(old, "close", None)
+        if callable(close):
+            close()  # the previous exporter's HTTP client
 
     def status(self) -> TargetStatus:
         """The target's state now; *stale* when the last good scrape is older than three intervals
@@ -223,7 +237,8 @@ class Collector:
                 info_payload = self._info_payload()
                 self._info_dirty = False
             sinks = list(self._sinks)
-        self._emit(sinks, Record(ts, self.target, metrics=text, info=info_payload, gpus=_gpus_json(gpus)))
+        self._emit(sinks, Record(ts, self.target, metrics=text, info=info_payload, gpus=_gpus_json(gpus),
+                                 gpu_source=gpus.source if gpus is not None else None))
         return scrape
 
     def _failed(self, ts: float, state: TargetState, exc: TargetError) -> Scrape:
@@ -300,12 +315,14 @@ class Collector:
         return {"version": self._info.version_json, "models": self._info.models_json}
 
     def _read_gpus(self) -> GpuReading | None:
-        if self._gpu_reader is None:
+        with self._lock:
+            reader, source = self._gpu_reader, self.gpu_source
+        if reader is None:
             return None
         try:
-            return self._gpu_reader()
+            return reader()
         except Exception as exc:  # noqa: BLE001 - a GPU reader failure must never stop collection
-            return GpuReading(unavailable=f"GPU read failed: {type(exc).__name__}")
+            return GpuReading(unavailable=f"GPU read failed: {type(exc).__name__}", source=source)
 
     def _emit(self, sinks: list[Sink], record: Record) -> None:
         """Hand the record to every sink. A sink that fails (a recording file closed or on a full
@@ -340,22 +357,35 @@ def shared_collector(
     interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
     retention_seconds: float = DEFAULT_RETENTION_SECONDS,
     gpu_reader: GpuReader | None = None,
+    gpu_metrics_url: str | None = None,
 ) -> Collector:
     """The process-wide collector for ``url``, started on first use (and again if it was
-    stopped). Later callers share it, and its interval, whatever they ask for."""
+    stopped). Later callers share it, and its interval, whatever they ask for.
+
+    ``gpu_metrics_url`` (a dcgm-exporter ``/metrics``) wins over ``gpu_reader`` (NVML): it is what
+    the operator named. A caller that names another GPU metrics URL than the collector's switches it
+    (one collector per vLLM target, whoever asks). Raises ``ValueError`` for a GPU metrics URL
+    that cannot be used."""
     key = _registry_key(url, api_key)
+    wanted = split_gpu_metrics_url(gpu_metrics_url) if gpu_metrics_url else None
     with _REGISTRY_LOCK:
         collector = _REGISTRY.get(key)
         if collector is None or not collector.running:
+            dcgm = DcgmReader(gpu_metrics_url) if gpu_metrics_url else None
             client = VllmClient(url, api_key)
             collector = Collector(
                 client,
                 interval_seconds=interval_seconds,
                 retention_seconds=retention_seconds,
-                gpu_reader=gpu_reader,
+                gpu_reader=dcgm or gpu_reader,
+                gpu_source=dcgm.url if dcgm is not None else "NVML" if gpu_reader else None,
             )
             _REGISTRY[key] = collector
             collector.start()
+        elif wanted is not None and collector.gpu_source != "".join(wanted):
+            # Built only when the URL changes: pages ask on every refresh.
+            dcgm = DcgmReader("".join(wanted))
+            collector.use_gpu_reader(dcgm, dcgm.url)
         return collector
 
 

@@ -3,7 +3,9 @@ the live collector would have kept it — so every page, the CLI and the diagnos
 Prometheus-backed target unchanged.
 
 The number of queries per refresh does not grow with the fleet: two for discovery, one per table
-column, one per chart, one for every instance's raw series (:func:`fleet_report` counts them).
+column, one per chart, one for every instance's raw series, two for the GPUs (the targets' labels
+and every dcgm-exporter series, joined to the vLLM instances by :mod:`diagnostics.core.fleet.gpus`)
+(:func:`fleet_report` counts them).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diagnostics.core.diagnosis import Budgets, Finding, diagnose, prepare
+from diagnostics.core.fleet import gpus as fleet_gpus
 from diagnostics.core.fleet import promql
+from diagnostics.core.fleet.gpus import GpuJoin
 from diagnostics.core.fleet.promql import Discovered, Scope
 from diagnostics.core.fleet.table import FleetFinding, FleetRow, Outlier, fleet_findings, outliers, rows
 from diagnostics.core.metrics.derive import Scrape
@@ -65,6 +69,15 @@ def histories(client: PrometheusClient, scope: Scope, window: Window) -> dict[st
     return promql.histories_from_matrix(raw_matrix(client, scope, window))
 
 
+def gpu_joins(client: PrometheusClient, scope: Scope, window: Window) -> dict[str, GpuJoin]:
+    """The dcgm-exporter series over the window (at most 240 points a series), joined to each vLLM
+    instance of the scope (two queries; {} when Prometheus holds no DCGM series)."""
+    targets = client.query(promql.up_query(scope), window.end)
+    step = promql.auto_step(window.seconds, window.scrape_interval)
+    dcgm = client.query_range(fleet_gpus.dcgm_query(), window.start, window.end, step)
+    return fleet_gpus.join(targets, dcgm, f"Prometheus {client.url}")
+
+
 def server_info(model: str | None) -> ServerInfo | None:
     """What Prometheus knows of a server (its model, from the labels); not its version."""
     if not model:
@@ -97,6 +110,7 @@ class FleetReport:
     outliers: list[Outlier]
     num_queries: int
     charts: Mapping[str, Mapping[str, list[tuple[float, float]]]] = field(default_factory=dict)
+    gpus: Mapping[str, GpuJoin] = field(default_factory=dict)  # DCGM through Prometheus, by vLLM instance
 
 
 def fleet_report(
@@ -126,20 +140,24 @@ def fleet_report(
     found: dict[str, list[Finding]] = {}
     errors: dict[str, str] = {}
     attained: dict[str, SloAttainment | None] = {}
+    joined = gpu_joins(client, scope, window) if instances else {}
     if diagnose_instances and instances:
         per = histories(client, scope, window)
         model_of = {d.instance: d.model for d in instances}
         for instance, history in per.items():
             if budgets is not None:
                 attained[instance] = slo_attainment(history, budgets.ttft_ms, budgets.itl_ms)
+            gpu = joined.get(instance)
             try:
                 found[instance] = diagnose(prepare(history, info=server_info(model_of.get(instance)),
-                                                    budgets=budgets or Budgets()))
+                                                    budgets=budgets or Budgets(),
+                                                    gpus=gpu.readings if gpu is not None else ()))
             except Exception as exc:  # noqa: BLE001 - one instance's odd data must not blank the fleet
                 errors[instance] = f"diagnosis failed: {type(exc).__name__}"
     drawn = fleet_charts(client, scope, range_s=range_s, end=end) if charts and instances else {}
     table = rows(instances, columns, found, errors, attained)
-    return FleetReport(window, table, fleet_findings(table), outliers(table), client.num_requests - before, drawn)
+    return FleetReport(window, table, fleet_findings(table), outliers(table), client.num_requests - before, drawn,
+                       joined)
 
 
 def fleet_charts(
@@ -180,6 +198,7 @@ class PrometheusTarget:
         self.end = end  # None: the window ends now; else a fixed window in the past
         self.target = f"{scope.instance} (via Prometheus {client.url})"
         self._history: list[Scrape] = []
+        self._gpus: list[tuple[float, GpuReading]] = []
         self._error: str | None = None
         self._attempt: float | None = None
         self._interval: float | None = None
@@ -199,6 +218,11 @@ class PrometheusTarget:
             return self._history
         self._error = None
         self._history = got.get(self.scope.instance or "", [])
+        try:
+            joined = gpu_joins(self.client, self.scope, self.window(end)).get(self.scope.instance or "")
+            self._gpus = list(joined.readings) if joined is not None else []
+        except TargetError:
+            pass  # the GPUs are a side panel: their failed query keeps the last readings
         return self._history
 
     def refresh_if_older(self, seconds: float) -> list[Scrape]:
@@ -212,7 +236,9 @@ class PrometheusTarget:
         return list(self._history)
 
     def gpu_history(self) -> list[tuple[float, GpuReading]]:
-        return []  # NVML lives on the GPU host, not in Prometheus
+        """The instance's GPUs from dcgm-exporter's series in the same Prometheus (NVML lives on the
+        GPU host, not here); [] when none are joined to it."""
+        return list(self._gpus)
 
     def recent_records(self, seconds: float | None = None) -> list[Record]:
         window = self.window()

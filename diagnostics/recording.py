@@ -8,8 +8,10 @@ JSON Lines, gzip-compressed when the name ends in ``.gz``; one object per line::
 ``error_kind`` is one of :class:`~diagnostics.core.metrics.failure.ErrorKind`'s values; recordings
 made before it existed carry the message only, and the kind is read from the adapter's wording of
 that time (:func:`legacy_error_kind`). Optional keys: ``info`` (``{"version": <GET /version>,
-"models": <GET /v1/models>}``, on the first line and whenever it changes) and ``gpus`` (``[{"index", "name", "memory_used_bytes",
-"memory_total_bytes"}]``). Readers ignore unknown keys and report each malformed line with its
+"models": <GET /v1/models>}``, on the first line and whenever it changes), ``gpus`` (``[{"index", "name", "memory_used_bytes",
+"memory_total_bytes", …}]``: each device's GPU health fields that were read, see
+:meth:`~diagnostics.core.metrics.gpu.GpuDevice.to_json`) and ``gpu_source`` (where they were read:
+``"NVML"``, or the dcgm-exporter URL given as the GPU metrics URL). Readers ignore unknown keys and report each malformed line with its
 number; replay parses the same text with the same code as live collection, so it derives the
 same series. No API key is ever written: records carry the base URL only.
 """
@@ -46,6 +48,7 @@ class Record:
     error_kind: ErrorKind | None = None
     info: Mapping[str, Any] | None = None
     gpus: Sequence[Mapping[str, Any]] | None = None
+    gpu_source: str | None = None
 
     def to_json(self) -> str:
         obj: dict[str, Any] = {"ts": self.ts, "target": self.target}
@@ -58,6 +61,8 @@ class Record:
             obj["info"] = dict(self.info)
         if self.gpus is not None:
             obj["gpus"] = [dict(g) for g in self.gpus]
+            if self.gpu_source is not None:
+                obj["gpu_source"] = self.gpu_source
         return json.dumps(obj, separators=(",", ":"))
 
 
@@ -81,6 +86,7 @@ def decode_line(line: str, line_no: int) -> Record:
         raise BadRecording(f"line {line_no}: needs a 'metrics' or an 'error' string", line_no)
     info = obj.get("info") if isinstance(obj.get("info"), dict) else None
     gpus = obj.get("gpus") if isinstance(obj.get("gpus"), list) else None
+    gpu_source = obj.get("gpu_source") if isinstance(obj.get("gpu_source"), str) else None
     kind = None
     if not isinstance(metrics, str):
         stored = obj.get("error_kind")
@@ -93,6 +99,7 @@ def decode_line(line: str, line_no: int) -> Record:
         kind,
         info,
         gpus,
+        gpu_source,
     )
 
 
@@ -145,7 +152,7 @@ class Recording:
 
     def replay(self) -> Replay:
         """The recording as a history source (its scrapes parsed once, here)."""
-        gpus = tuple((r.ts, reading) for r in self.records if (reading := GpuReading.from_json(r.gpus)) is not None)
+        gpus = tuple((r.ts, reading) for r in self.records if (reading := GpuReading.from_json(r.gpus, r.gpu_source)) is not None)
         return Replay(self.target or "?", tuple(self.scrapes()), self.info(), gpus)
 
 

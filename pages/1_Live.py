@@ -31,6 +31,7 @@ def live() -> None:
         gpus=gpus[-1][1] if gpus else None,
         nvml_note=resources.nvml_note(),
         key="live",
+        gpu_history=gpus,
     )
     cards.age_caption(history)
 

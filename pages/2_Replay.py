@@ -60,4 +60,5 @@ charts.panels(
     gpus=gpus[-1][1] if gpus else None,
     nvml_note="not in this recording",
     key="replay",
+    gpu_history=gpus,
 )

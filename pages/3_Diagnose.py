@@ -21,7 +21,7 @@ minutes = c3.select_slider("Window (live)", options=[1, 5, 15, 60], value=5, key
 with st.expander("Startup log (optional): paste the server's log to diagnose a failed start"):
     log_text = st.text_area("Log text", key="diag_log", height=150) or None
 
-history, info = [], None
+history, info, gpus = [], None, []
 if source == "the live target":
     if target is None:
         st.info("Pick a target in the sidebar first.")
@@ -29,23 +29,24 @@ if source == "the live target":
     collector = resources.source(target)
     if target.prometheus is not None:
         # Read through Prometheus: the window is the Fleet page's range (hours back, not minutes).
-        history, info = collector.history(), collector.status().info
+        history, info, gpus = collector.history(), collector.status().info, collector.gpu_history()
         st.caption(f"Window: the Fleet page's range ({state.get(state.PROM_RANGE)}) read from Prometheus.")
     else:
         history, info = window(collector.history(), minutes * 60), collector.status().info
+        gpus = [g for g in collector.gpu_history() if history and g[0] >= history[0].ts]
 elif source == "a recording":
     upload = st.file_uploader("Recording (.jsonl / .jsonl.gz)", type=["jsonl", "gz", "json"], key="diag_upload")
     if upload is not None:
         try:
             _, replay = resources.parsed_recording(upload.getvalue())
-            history, info = replay.history(), replay.status().info
+            history, info, gpus = replay.history(), replay.status().info, replay.gpu_history()
         except BadRecording as exc:
             st.error(f"This file is not a usable recording: {md_escape(exc)}")
 elif not log_text:
     st.info("Paste a startup log above.")
 
 ctx = prepare(history, info=info, budgets=Budgets(ttft_ms=ttft or None, itl_ms=itl or None), log_text=log_text,
-              max_num_seqs=state.max_num_seqs())
+              gpus=gpus, max_num_seqs=state.max_num_seqs())
 found = diagnose(ctx)
 replay_error = None
 if history and st.toggle("Predict the effect of each change (the simulated engine replays this window)", value=True,

@@ -2,11 +2,14 @@
 click to an instance's Live and Diagnose views (read through Prometheus, hours back)."""
 
 import time
+from collections.abc import Mapping
 
 import streamlit as st
 
 from diagnostics.core.figures.fleet import fleet_figure
 from diagnostics.core.fleet import promql
+from diagnostics.core.fleet.gpus import GpuJoin
+from diagnostics.core.metrics.gpu import clock_event_names
 from diagnostics.core.targets import normalize_url
 from diagnostics.core.text import fmt_when, md_escape
 from diagnostics.errors import TargetError
@@ -54,6 +57,25 @@ except ValueError as exc:
     st.stop()
 
 
+def gpu_section(joined: Mapping[str, GpuJoin]) -> None:
+    """The GPUs behind each instance: dcgm-exporter's series in the same Prometheus, joined by pod or host."""
+    st.subheader("GPUs (dcgm-exporter, through Prometheus)")
+    if not joined:
+        st.info("No GPU series joined to these instances: this Prometheus has no `DCGM_FI_DEV_*` series, or none "
+                "shares a pod (`pod`/`namespace`, or `exported_pod`) or a host (the `instance` host or `Hostname`) "
+                "with a vLLM instance. Scrape NVIDIA's dcgm-exporter (port 9400) in the same Prometheus.")
+        return
+    for instance, join in sorted(joined.items()):
+        last = join.last
+        for device in last.devices if last is not None else ():
+            if device.throttles:
+                st.warning(f"{md_escape(instance)} · {md_escape(device.label)} throttled: "
+                           f"{md_escape(', '.join(clock_event_names(device.throttles)))} (no vLLM flag fixes this).")
+    st.dataframe(fleet_view.gpu_frame(joined), hide_index=True, width="stretch", key="fleet-gpus")
+    st.caption("Joined by pod when dcgm-exporter maps GPUs to pods and the vLLM target carries `pod` labels, else "
+               "by host: every GPU of the node an instance runs on.")
+
+
 @st.fragment(run_every=max(10, state.refresh_seconds()))
 def fleet() -> None:
     range_s, step_s = state.prom_range_seconds(), state.prom_step_seconds()
@@ -85,6 +107,7 @@ def fleet() -> None:
                 st.markdown(f"- `{md_escape(o.instance)}` · {md_escape(o.key)}: {md_escape(o.why)}")
     st.caption(f"{len(report.rows)} instances · {report.num_queries} queries to Prometheus for this view · "
                f"scrape interval {report.window.scrape_interval:g} s · as of {fmt_when(report.window.end)}")
+    gpu_section(report.gpus)
     highlight = {o.instance for o in report.outliers}
     charts = report.charts
     if step_s:  # a step of the user's choice: the charts again at that resolution

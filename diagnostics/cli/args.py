@@ -94,6 +94,9 @@ def build_parser() -> Parser:
             metavar="VAR",
             help=f"environment variable holding the API key (default {DEFAULT_API_KEY_ENV})",
         )
+        p.add_argument("--gpu-metrics-url", metavar="URL",
+                       help="with --url: NVIDIA dcgm-exporter's /metrics for the server's GPUs (utilisation, "
+                       "temperature, power, clocks, throttle reasons, memory), when NVML is not on this host")
         p.add_argument("--interval", type=_positive, default=1.0, help="seconds between scrapes (min 0.25)")
         p.add_argument("--timeout", type=_positive, help="seconds a whole request may take (default 2; 15 for Prometheus)")
 

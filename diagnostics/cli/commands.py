@@ -45,12 +45,13 @@ def cmd_record(args: argparse.Namespace) -> int:
         return 0
     client = window.client(args)
     window.check_first(client)
+    gpus = window.gpu_reader(args)
     try:
         writer = RecordingWriter(args.out)
     except OSError as exc:
         raise CliError(f"cannot write {args.out}: {exc.strerror}", EXIT_FILE) from None
     with writer:
-        collector = window.collect(client, args.seconds, args.interval, writer)
+        collector = window.collect(client, args.seconds, args.interval, writer, gpus)
     status = collector.status()
     print(
         f"recorded {writer.num_records} scrapes of {client.base_url} to {args.out} ({status.num_failures} failed)",
@@ -114,7 +115,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     source = window.source(args, since=args.since or 900.0)
     history, info = (source.history(), source.status().info) if source is not None else ([], None)
     ctx = prepare(history, info=info, budgets=budgets, log_text=log_text, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens)
+                  max_num_batched_tokens=args.max_num_batched_tokens,
+                  gpus=source.gpu_history() if source is not None else ())
     findings = diagnose(ctx)
     if args.predict and history:
         predicted, _, _ = whatif.with_predictions(findings, history, ctx.flags)

@@ -6,15 +6,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from diagnostics.cli.exits import EXIT_FILE, EXIT_NOT_VLLM, EXIT_TARGET, EXIT_USAGE, CliError
 from diagnostics.collector import Collector
 from diagnostics.core.fleet.promql import Scope, parse_selector
+from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.history import HistorySource
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
+from diagnostics.sources import nvml
+from diagnostics.sources.dcgm_http import DcgmReader
 from diagnostics.sources.vllm_http import VllmClient, api_key_from_env
 
 if TYPE_CHECKING:  # imported when used: the Prometheus client takes longer to import than the rest
@@ -40,9 +44,26 @@ def check_first(vllm: VllmClient) -> None:
         raise CliError(str(exc), EXIT_TARGET) from None
 
 
-def collect(vllm: VllmClient, seconds: float, interval: float, writer: RecordingWriter | None) -> Collector:
-    """Scrape for ``seconds`` in this thread (every ``interval``), each scrape also to ``writer``."""
-    collector = Collector(vllm, interval_seconds=interval, retention_seconds=max(seconds, interval) + 60)
+def gpu_reader(args: argparse.Namespace) -> tuple[Callable[[], GpuReading] | None, str | None]:
+    """The GPU health reader beside the scrapes: the ``--gpu-metrics-url`` dcgm-exporter when given
+    (exit 2 for a URL that cannot be used), NVML when this host has a driver, else none."""
+    url = getattr(args, "gpu_metrics_url", None)
+    if url:
+        try:
+            dcgm = DcgmReader(url, timeout_seconds=args.timeout or 2.0)
+        except ValueError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+        return dcgm, dcgm.url
+    reader = nvml.probe()[0]
+    return reader, nvml.SOURCE if reader is not None else None
+
+
+def collect(vllm: VllmClient, seconds: float, interval: float, writer: RecordingWriter | None,
+            gpus: tuple[Callable[[], GpuReading] | None, str | None] = (None, None)) -> Collector:
+    """Scrape for ``seconds`` in this thread (every ``interval``), each scrape also to ``writer``;
+    ``gpus`` (a reader and its source, :func:`gpu_reader`) read GPU health beside each scrape."""
+    collector = Collector(vllm, interval_seconds=interval, retention_seconds=max(seconds, interval) + 60,
+                          gpu_reader=gpus[0], gpu_source=gpus[1])
     if writer is not None:
         collector.add_sink(writer.write)
     deadline = time.monotonic() + seconds
@@ -116,7 +137,7 @@ def source(args: argparse.Namespace, *, since: float) -> HistorySource | None:
     if args.url:
         vllm = client(args)
         check_first(vllm)
-        return collect(vllm, args.seconds, args.interval, None)
+        return collect(vllm, args.seconds, args.interval, None, gpu_reader(args))
     if args.prometheus:
         return prometheus_window(args, since)
     return None

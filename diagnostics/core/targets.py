@@ -7,11 +7,13 @@ Secrets::
     [targets]
     prod-a = "http://10.0.0.5:8000"
     prod-b = { url = "http://10.0.0.6:8000", api_key_env = "PROD_B_KEY" }
+    prod-c = { url = "http://10.0.0.7:8000", gpu_metrics_url = "http://10.0.0.7:9400/metrics" }
 
     prometheus_url = "http://prometheus:9090"   # the Fleet page reads this Prometheus
     prometheus_selector = '{job="vllm"}'         # which of its series are vLLM servers
 
-``VLLM_URL`` in the environment adds a target; ``PROMETHEUS_URL`` / ``PROMETHEUS_SELECTOR`` set the
+``VLLM_URL`` in the environment adds a target (``VLLM_GPU_METRICS_URL`` its dcgm-exporter, read for
+GPU health where NVML cannot be: the dashboard is not on the GPU host); ``PROMETHEUS_URL`` / ``PROMETHEUS_SELECTOR`` set the
 fleet's Prometheus. A key belongs to the target it was configured for:
 a URL a viewer types gets no configured key (only one typed beside it), unless it *is* a configured
 target's URL. Keys never leave this module's values through ``repr``: they are excluded from it.
@@ -34,6 +36,7 @@ class TargetChoice:
     name: str
     url: str
     api_key: str | None = field(default=None, repr=False)
+    gpu_metrics_url: str | None = None  # a dcgm-exporter /metrics for this server's GPUs
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,17 @@ def _key(entry: Mapping[str, Any], env: Mapping[str, str], default: str | None) 
     return default
 
 
+def _gpu_metrics_url(value: Any, where: str, problems: list[str]) -> str | None:
+    """A configured GPU metrics URL, normalised; None (and a problem named) when it cannot be used."""
+    if value is None or value == "":
+        return None
+    try:
+        return normalize_url(str(value), "GPU metrics URL")
+    except ValueError as exc:
+        problems.append(f"{where}: {exc}; GPU health falls back to NVML")
+        return None
+
+
 def targets_from(secrets: Mapping[str, Any], env: Mapping[str, str]) -> TargetsConfig:
     """Read the target list; malformed entries are skipped and named in ``problems``."""
     default_key = _key(secrets, env, env.get(DEFAULT_API_KEY_ENV) or None)
@@ -118,12 +132,14 @@ def targets_from(secrets: Mapping[str, Any], env: Mapping[str, str]) -> TargetsC
             if isinstance(entry, str):
                 targets.append(TargetChoice(str(name), entry, default_key))
             elif isinstance(entry, Mapping) and isinstance(entry.get("url"), str):
-                targets.append(TargetChoice(str(name), entry["url"], _key(entry, env, default_key)))
+                gpu_url = _gpu_metrics_url(entry.get("gpu_metrics_url"), f"secrets: target {name!r}", problems)
+                targets.append(TargetChoice(str(name), entry["url"], _key(entry, env, default_key), gpu_url))
             else:
                 problems.append(f"secrets: target {name!r} needs a URL")
     env_url = env.get("VLLM_URL")
     if env_url and all(t.url != env_url for t in targets):
-        targets.insert(0, TargetChoice("VLLM_URL", env_url, default_key))
+        gpu_url = _gpu_metrics_url(env.get("VLLM_GPU_METRICS_URL"), "environment: VLLM_GPU_METRICS_URL", problems)
+        targets.insert(0, TargetChoice("VLLM_URL", env_url, default_key, gpu_url))
     allow = secrets.get("allow_custom_targets", True)
     if isinstance(allow, bool):
         allow_custom = allow

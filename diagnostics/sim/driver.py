@@ -15,6 +15,7 @@ from collections.abc import Callable
 from diagnostics.core.simulator.request import SimRequest
 from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario, make_engines, pick_engine
 from diagnostics.core.simulator.scheduler import SimEngine
+from diagnostics.sim.dcgm import SimDcgm
 from diagnostics.sim.metrics import SimMetrics
 
 STALL_AFTER_SECONDS = 20.0
@@ -52,11 +53,18 @@ class Simulation:
             self.scenario: Scenario = SCENARIOS[name]
             self.engines, self.generator = make_engines(self.scenario, self._seed, now)
             self.metrics = SimMetrics(self.scenario.config, self.engine.num_gpu_blocks, len(self.engines))
+            self.dcgm = SimDcgm(self.scenario.config, len(self.engines), self.scenario.gpu_throttle)
+            self.busy_seconds = [0.0] * len(self.engines)  # simulated time each engine spent in steps
             self.started_at = now
 
     def metrics_text(self) -> str:
         with self.lock:
             return self.metrics.text()
+
+    def dcgm_text(self) -> str:
+        """The engines' GPUs as dcgm-exporter's ``/metrics`` shows them (:class:`SimDcgm`)."""
+        with self.lock:
+            return self.dcgm.text(self.now, self.busy_seconds, [len(e.running) for e in self.engines])
 
     def add_request(self, prompt: list[int], max_tokens: int, n: int = 1,
                     on_token: Callable[[SimRequest], None] | None = None,
@@ -103,18 +111,25 @@ class Simulation:
                         self.metrics.update(stats, index)
                     continue
                 horizon = min(target, self.generator.next_arrival())
+                before = engine.now
                 stats = engine.fast_forward(horizon) or engine.step()
+                self.busy_seconds[index] += engine.now - before
                 self.metrics.update(stats, index)
 
     def run_for(self, seconds: float, scrape_every: float = 1.0) -> list[tuple[float, str]]:
         """Run ``seconds`` of simulated time as fast as possible; the /metrics text every interval."""
+        return [(t, text) for t, text, _ in self.run_for_with_gpus(seconds, scrape_every)]
+
+    def run_for_with_gpus(self, seconds: float, scrape_every: float = 1.0) -> list[tuple[float, str, str]]:
+        """:meth:`run_for`, with the GPUs' dcgm-exporter text read beside each /metrics (as the
+        collector reads a GPU metrics URL)."""
         out = []
         start = self.now
         t = start
         while t < start + seconds:
             t += scrape_every
             self.run_until(t)
-            out.append((t, self.metrics_text()))
+            out.append((t, self.metrics_text(), self.dcgm_text()))
         return out
 
     def start(self, speed: float = 1.0) -> Simulation:

@@ -1,6 +1,7 @@
 """vLLM's HTTP surface for the simulated engine, on loopback: /health, /version, /v1/models,
 /v1/completions and /v1/chat/completions (streaming too) and /metrics; plus /sim/scenario to
-switch scenarios at runtime. The dashboard attaches to it exactly as to a real server.
+switch scenarios at runtime, and /dcgm/metrics: its GPUs as NVIDIA dcgm-exporter shows them (the GPU
+metrics URL; :mod:`diagnostics.sim.dcgm`). The dashboard attaches to it exactly as to a real server.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from diagnostics.sim.driver import Simulation
 SIM_VERSION = "0.32.0"
 MAX_REQUEST_BYTES = 1 << 20
 MAX_WAIT_SECONDS = 600.0
+SIM_DCGM_PATH = "/dcgm/metrics"
 
 
 def _prompt_ids(prompt: Any) -> list[int]:
@@ -62,6 +64,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "root": f"simulated/{cfg.model.name}", "parent": None, "max_model_len": cfg.max_model_len}]})
         elif path.rstrip("/") == "/metrics":
             self._send(200, sim.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        elif path.rstrip("/") == SIM_DCGM_PATH:
+            self._send(200, sim.dcgm_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/sim/scenario":
             self._json(200, {"scenario": sim.scenario.name, "scenarios": {
                 n: {"title": s.title, "symptom": s.symptom, "finding": s.knob} for n, s in SCENARIOS.items()}})

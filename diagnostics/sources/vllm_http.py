@@ -141,15 +141,20 @@ class VllmClient:
         """``/version`` and ``/v1/models`` together."""
         return ServerInfo.from_json(self._get_json("/version"), self._get_json("/v1/models"))
 
+    def prometheus_text(self, path: str = "/metrics") -> str:
+        """The raw Prometheus text at ``path`` (any exporter: dcgm-exporter's too), refused when it
+        is an HTML page or not UTF-8."""
+        body, content_type = self._get(path)
+        if "html" in content_type.lower() or body.lstrip()[:1] == b"<":
+            raise NotVllm(f"{self.base_url}{path} answered an HTML page, not Prometheus metrics")
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadMetricsPayload(f"{path} is not UTF-8 text") from None
+
     def metrics_text(self) -> str:
         """The raw ``/metrics`` text, checked to be Prometheus text with ``vllm:`` families."""
-        body, content_type = self._get("/metrics")
-        if "html" in content_type.lower() or body.lstrip()[:1] == b"<":
-            raise NotVllm(f"{self.base_url}/metrics answered an HTML page, not Prometheus metrics")
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise BadMetricsPayload("/metrics is not UTF-8 text") from None
+        text = self.prometheus_text("/metrics")
         if "\nvllm:" not in text and not text.startswith("vllm:"):
             raise NotVllm(
                 f"{self.base_url}/metrics has no vllm: metrics (not a vLLM server, "

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from diagnostics.core.figures.engines import ENGINE_PANELS, engine_names, engines_figure
+from diagnostics.core.figures.gpu import GPU_PANELS, gpu_figure, gpu_rows
 from diagnostics.core.figures.live import (
     LATENCY_NAMES,
     gpu_memory_figure,
@@ -28,7 +29,7 @@ from diagnostics.core.figures.live import (
 )
 from diagnostics.core.hardware import peak_for
 from diagnostics.core.metrics.derive import Scrape, hit_rate_source, last_snapshot, prompt_sources, roofline, window
-from diagnostics.core.metrics.gpu import GpuReading
+from diagnostics.core.metrics.gpu import GpuReading, clock_event_names
 from diagnostics.core.text import md_escape, prompt_sources_text, roofline_text
 
 
@@ -56,8 +57,10 @@ def panels(
     nvml_note: str | None,
     key: str,
     end: float | None = None,
+    gpu_history: Sequence[tuple[float, GpuReading]] = (),
 ) -> None:
-    """The live charts over ``window_seconds`` of history (``end`` defaults to the newest scrape)."""
+    """The live charts over ``window_seconds`` of history (``end`` defaults to the newest scrape);
+    the GPU health panel over the GPU readings of the same window."""
     shown = window(history, window_seconds, end)
     last = last_snapshot(shown)
     config = last.snapshot.cache_config if last is not None and last.snapshot is not None else None
@@ -110,13 +113,49 @@ def panels(
                 "No GPU reading.",
             )
         else:
-            why = gpus.unavailable if gpus is not None and gpus.unavailable else nvml_note
-            st.info(
-                "GPU memory: not available here"
-                + (f" ({md_escape(why)})" if why else "")
-                + ". It is read with NVML when the dashboard runs on the GPU host; vLLM's /metrics has no "
-                "GPU-memory metric."
-            )
+            st.info("GPU memory: not available here" + _why(gpus, nvml_note) + ". " + GPU_SOURCES)
+    start = shown[0].ts
+    gpu_panel([g for g in gpu_history if g[0] >= start], gpus, nvml_note, key)
+
+
+GPU_SOURCES = ("It is read with NVML when the dashboard runs on the GPU host, or from NVIDIA's dcgm-exporter "
+               "given as the GPU metrics URL beside the vLLM URL; vLLM's /metrics has no GPU-health metric.")
+
+
+def _why(gpus: GpuReading | None, nvml_note: str | None) -> str:
+    why = gpus.unavailable if gpus is not None and gpus.unavailable else nvml_note
+    return f" ({md_escape(why)})" if why else ""
+
+
+def gpu_panel(history: Sequence[tuple[float, GpuReading]], last: GpuReading | None, nvml_note: str | None,
+              key: str) -> None:
+    """GPU health per device: the clocks-event reasons now, utilisation, temperature, power against
+    its limit and the SM clock against its maximum over the window (NVML or dcgm-exporter)."""
+    st.subheader("GPU health")
+    if last is None or not last.devices:
+        st.info("GPU health: not available here" + _why(last, nvml_note) + ". " + GPU_SOURCES)
+        return
+    st.caption(f"Read from {md_escape(last.source or 'NVML')} beside each scrape · {len(last.devices)} device"
+               + ("s" if len(last.devices) != 1 else "") + ". Clock-event reasons are NVML's (DCGM exports the "
+               "same bitmask): idle and application clocks are normal; power cap, power brake, thermal and HW "
+               "slowdown hold the clocks down.")
+    for device in last.devices:
+        if device.throttles:
+            st.warning(f"{md_escape(device.label)} is throttled now: "
+                       f"{md_escape(', '.join(clock_event_names(device.throttles)))}. No vLLM flag fixes this: check "
+                       "the cooling or the power cap (Diagnose names which).")
+    rows = gpu_rows(last)
+    st.dataframe(
+        {"Device": [r.device for r in rows], "Clock-event reasons": [r.clock_events for r in rows],
+         "Utilisation": [r.utilization for r in rows], "Temperature": [r.temperature for r in rows],
+         "Power (of limit)": [r.power for r in rows], "SM clock (of max)": [r.sm_clock for r in rows]},
+        hide_index=True, key=f"{key}-gpu-table",
+    )
+    cols = st.columns(2)
+    for i, panel in enumerate(GPU_PANELS):
+        with cols[i % 2]:
+            chart(partial(gpu_figure, history, panel.key), f"{key}-gpu-{panel.key}",
+                  f"{panel.title.split(' (')[0]}: not reported by {md_escape(last.source or 'this source')}.")
 
 
 def roofline_panel(shown: Sequence[Scrape], window_seconds: float, gpus: GpuReading | None, key: str) -> None:

@@ -4,6 +4,7 @@ to each instance's views, and adopting an instance opened by such a link."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -11,6 +12,8 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.core.diagnosis import Budgets
+from diagnostics.core.figures.gpu import gpu_rows
+from diagnostics.core.fleet.gpus import GpuJoin
 from diagnostics.core.fleet.promql import FLEET_COLUMNS, Scope, parse_selector
 from diagnostics.core.fleet.table import FleetRow, Outlier
 from diagnostics.core.targets import PrometheusInstance, TargetsConfig, normalize_url, same_url
@@ -61,6 +64,22 @@ def frame(rows: list[FleetRow], url: str, selector: str) -> pd.DataFrame:
             rec[col.key] = None if value is None else value * scale
         rec["model"] = row.model or "—"
         records.append(rec)
+    return pd.DataFrame.from_records(records)
+
+
+def gpu_frame(joined: Mapping[str, GpuJoin]) -> pd.DataFrame:
+    """One row per GPU joined to a vLLM instance (its latest DCGM reading through Prometheus)."""
+    records: list[dict[str, Any]] = []
+    for instance in sorted(joined):
+        join = joined[instance]
+        last = join.last
+        if last is None:
+            continue
+        for row in gpu_rows(last):
+            records.append({"instance": instance, "joined by": join.by, "GPU": row.device,
+                            "clock-event reasons": row.clock_events, "utilisation": row.utilization,
+                            "temperature": row.temperature, "power (of limit)": row.power,
+                            "SM clock (of max)": row.sm_clock})
     return pd.DataFrame.from_records(records)
 
 

@@ -52,16 +52,17 @@ def nvml_note() -> str | None:
     return _nvml_reader()[1]
 
 
-def collector(url: str, api_key: str | None) -> Collector:
-    """The shared collector for a target (started on first use, restarted if it was stopped)."""
-    return shared_collector(url, api_key, gpu_reader=_nvml_reader()[0])
+def collector(url: str, api_key: str | None, gpu_metrics_url: str | None = None) -> Collector:
+    """The shared collector for a target (started on first use, restarted if it was stopped); GPU
+    health from the dcgm-exporter at ``gpu_metrics_url`` when given, NVML otherwise."""
+    return shared_collector(url, api_key, gpu_reader=_nvml_reader()[0], gpu_metrics_url=gpu_metrics_url)
 
 
 def source(target: Selected) -> TargetSource:
     """Where a page reads a target's history: its shared collector, or Prometheus for an instance
     opened from the Fleet page (re-read at most once per refresh; a failed read keeps the last)."""
     if target.prometheus is None:
-        return collector(target.url, target.api_key)
+        return collector(target.url, target.api_key, target.gpu_metrics_url)
     ref = target.prometheus
     prom = _prometheus_target(ref.url, ref.selector, ref.instance, ref.model, state.prom_range_seconds())
     prom.refresh_if_older(max(1.0, state.refresh_seconds() - 0.5))

@@ -42,7 +42,7 @@ def start_flight_recorders(secrets: Mapping[str, Any], env: Mapping[str, str]) -
             url = normalize_url(target.url)
         except ValueError:
             continue
-        started.append(shared_collector(url, target.api_key, gpu_reader=reader))
+        started.append(shared_collector(url, target.api_key, gpu_reader=reader, gpu_metrics_url=target.gpu_metrics_url))
     return started
 
 

@@ -61,6 +61,14 @@ def sidebar(config: TargetsConfig) -> Selected | None:
             help="Sent as a bearer token to this URL only; never shown or saved. A key configured for a "
             "listed target ($VLLM_API_KEY, secrets) is never sent to a URL typed here.",
         )
+        _persisted(
+            sb.text_input,
+            state.GPU_METRICS_URL,
+            "GPU metrics URL (dcgm-exporter, optional)",
+            placeholder="http://gpu-node:9400/metrics",
+            help="NVIDIA dcgm-exporter's /metrics for this server's GPUs: utilisation, temperature, power, clocks, "
+            "throttle reasons and memory when the dashboard is not on the GPU host (NVML is read otherwise).",
+        )
     try:
         selected = resolve(config, lambda: resources.simulator().url)
     except ValueError as exc:

@@ -9,6 +9,7 @@ from diagnostics.core.diagnosis.types import Budgets
 TARGET_NAME = "target_name"
 CUSTOM_URL = "custom_url"
 API_KEY = "api_key_input"
+GPU_METRICS_URL = "gpu_metrics_url"
 REFRESH_SECONDS = "refresh_seconds"
 WINDOW_SECONDS = "window_seconds"
 QUANTILE_WINDOW_SECONDS = "quantile_window_seconds"
@@ -37,6 +38,7 @@ DEFAULTS: dict[str, object] = {
     TARGET_NAME: None,
     CUSTOM_URL: "",
     API_KEY: "",
+    GPU_METRICS_URL: "",
     REFRESH_SECONDS: 2,
     WINDOW_SECONDS: "15 min",
     QUANTILE_WINDOW_SECONDS: "60 s",

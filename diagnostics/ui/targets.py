@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from diagnostics.core.targets import PrometheusInstance, TargetsConfig, normalize_url
+from diagnostics.sim.server import SIM_DCGM_PATH
 from diagnostics.ui import state
 
 
@@ -19,6 +20,7 @@ class Selected:
     api_key: str | None = field(default=None, repr=False)
     simulated: bool = False
     prometheus: PrometheusInstance | None = None
+    gpu_metrics_url: str | None = None  # a dcgm-exporter /metrics read for GPU health (NVML otherwise)
 
 
 def options(config: TargetsConfig) -> list[str]:
@@ -37,7 +39,8 @@ def opened() -> PrometheusInstance | None:
 
 def resolve(config: TargetsConfig, simulator_url: Callable[[], str]) -> Selected | None:
     """The chosen target from session state, without drawing anything (``simulator_url`` is asked
-    only when the simulated engine is the choice: asking starts it).
+    only when the simulated engine is the choice: asking starts it). The simulated engine's GPU
+    metrics URL is its own DCGM-shaped endpoint; a typed URL's is the one typed beside it.
 
     Raises ``ValueError`` for a URL that cannot be used.
     """
@@ -48,7 +51,8 @@ def resolve(config: TargetsConfig, simulator_url: Callable[[], str]) -> Selected
     if choice not in choices:
         choice = choices[0]
     if choice == state.SIMULATED:
-        return Selected(simulator_url(), "simulated engine", None, simulated=True)
+        url = simulator_url()
+        return Selected(url, "simulated engine", None, simulated=True, gpu_metrics_url=url + SIM_DCGM_PATH)
     instance = opened()
     if instance is not None and choice == instance.label:
         return Selected(instance.instance, instance.label, None, prometheus=instance)
@@ -58,7 +62,9 @@ def resolve(config: TargetsConfig, simulator_url: Callable[[], str]) -> Selected
             return None
         normal = normalize_url(url)
         typed = str(state.get(state.API_KEY) or "") or None
+        gpu_url = str(state.get(state.GPU_METRICS_URL) or "").strip()
         # Only a key typed for this URL, or the configured key of a target at this very URL.
-        return Selected(normal, normal, typed or config.key_for(normal))
+        return Selected(normal, normal, typed or config.key_for(normal),
+                        gpu_metrics_url=normalize_url(gpu_url, "GPU metrics URL") if gpu_url else None)
     target = next(t for t in config.targets if t.name == choice)
-    return Selected(normalize_url(target.url), target.name, target.api_key)
+    return Selected(normalize_url(target.url), target.name, target.api_key, gpu_metrics_url=target.gpu_metrics_url)

@@ -91,3 +91,50 @@ def test_the_probe_times_every_streamed_token(server: SimServer) -> None:
         assert r.output_tokens == 16 and r.ttft is not None
         assert len(r.gaps) == 15 and all(g >= 0 for g in r.gaps)
         assert r.ttft + sum(r.gaps) <= r.end - r.start + 1e-6
+
+
+def test_the_gpu_metrics_url_is_read_beside_the_scrapes_and_a_scenario_throttles_it(server: SimServer) -> None:
+    """The simulated engine's /dcgm/metrics is read by the dcgm-exporter adapter into the collector's
+    GPU history and recorded with its source; the thermal scenario holds the SM clock at 64 % of
+    1,980 MHz with NVML's thermal reasons set."""
+    from diagnostics.core.metrics.gpu import ClockEvent
+    from diagnostics.sim.server import SIM_DCGM_PATH
+    from diagnostics.sources.dcgm_http import DcgmReader
+
+    reader = DcgmReader(server.url + SIM_DCGM_PATH)
+    collector = Collector(VllmClient(server.url), interval_seconds=0.25, gpu_reader=reader, gpu_source=reader.url)
+    collector.scrape_once()
+    [(_, healthy)] = collector.gpu_history()
+    [device] = healthy.devices
+    assert (device.name, device.host, device.sm_clock_max_mhz, device.power_limit_watts) == (
+        "NVIDIA H100 80GB HBM3", "sim-gpu-node", 1980.0, 700.0)
+    assert device.throttles == ClockEvent(0) and healthy.source == server.url + SIM_DCGM_PATH
+    [record] = collector.recent_records()
+    assert record.gpu_source == server.url + SIM_DCGM_PATH and record.gpus and record.gpus[0]["host"] == "sim-gpu-node"
+    # A saved snapshot keeps the readings and their source: its replay has the same GPU history.
+    from diagnostics.recording import encode_recording, read_recording
+
+    replayed = read_recording(encode_recording(collector.recent_records())).replay().gpu_history()
+    assert replayed == collector.gpu_history()
+    server.sim.set_scenario("gpu_thermal_throttle")
+
+    def loaded() -> bool:  # the fresh engine idles (idle clock) until its first requests arrive
+        collector.scrape_once()
+        return (collector.gpu_history()[-1][1].devices[0].utilization_gpu_perc or 0) > 0
+
+    assert wait_for(loaded)
+    hot = collector.gpu_history()[-1][1].devices[0]
+    assert hot.clock_events == ClockEvent.SW_THERMAL_SLOWDOWN | ClockEvent.HW_THERMAL_SLOWDOWN
+    assert hot.sm_clock_mhz == 1267.0  # round(1980 × 0.64 = 1267.2)
+    assert hot.temperature_celsius == 89.0  # 2 °C over its 87 °C slowdown threshold
+
+
+def test_an_unreachable_gpu_metrics_url_is_a_reading_that_says_why(server: SimServer) -> None:
+    from diagnostics.sources.dcgm_http import DcgmReader
+
+    reader = DcgmReader(server.url + "/no-such-exporter")
+    collector = Collector(VllmClient(server.url), interval_seconds=0.25, gpu_reader=reader, gpu_source=reader.url)
+    scrape = collector.scrape_once()
+    [(_, reading)] = collector.gpu_history()
+    assert scrape.snapshot is not None  # vLLM's scrape stands
+    assert reading.devices == () and "GPU metrics URL" in (reading.unavailable or "") and "404" in reading.unavailable

@@ -16,7 +16,7 @@ import httpx
 from streamlit.testing.v1 import AppTest
 
 from diagnostics.collector import Collector, register
-from diagnostics.core.metrics.gpu import GpuMemory, GpuReading
+from diagnostics.core.metrics.gpu import GpuDevice, GpuReading
 from diagnostics.recording import read_recording
 from diagnostics.sources.vllm_http import VllmClient
 from tests.conftest import wait_for
@@ -240,7 +240,7 @@ def test_capacity_page_with_a_pasted_config() -> None:
 
 
 def test_live_page_draws_gpu_memory_when_nvml_reads_devices() -> None:
-    gpus = GpuReading((GpuMemory(0, "NVIDIA H200", 120 * 2**30, 141 * 2**30),))
+    gpus = GpuReading((GpuDevice(0, "NVIDIA H200", 120 * 2**30, 141 * 2**30),))
     register(fed_collector(gpus=gpus))
     at = app("pages/1_Live.py").run()
     assert not at.exception
@@ -323,3 +323,24 @@ def test_live_page_shows_goodput_against_the_sidebar_budgets() -> None:
     # 80 ms falls between the TPOT buckets' 75 and 100 ms bounds: a lower bound, from 75 ms.
     assert metric(at, "Within ITL budget").startswith("≥ ")
     assert any("within 75 ms, the bucket bound ≤ the 80 ms budget" in c.value.replace("\\", "") for c in at.caption)
+def test_live_page_shows_the_gpu_panel_of_the_simulated_engine_and_its_throttle() -> None:
+    """With nothing configured the app attaches to the simulated engine and reads its DCGM-shaped
+    endpoint as the GPU metrics URL: the GPU panel's table and four charts; the thermal scenario
+    then puts the throttle warning above them."""
+    at = app("pages/1_Live.py", url=None)
+    run_until(at, lambda at: any(s.value == "GPU health" for s in at.subheader) and at.dataframe)
+    assert not at.exception
+    assert any(c.value.startswith("Read from http") and "/dcgm/metrics beside each scrape" in c.value for c in at.caption)
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["Device", "Clock-event reasons", "Utilisation", "Temperature", "Power (of limit)",
+                                   "SM clock (of max)"]
+    assert table["Device"][0] == "GPU 0 · NVIDIA H100 80GB HBM3 @ sim-gpu-node"
+    assert table["Power (of limit)"][0].endswith("W of 700")
+    assert not any("GPU health: not available" in i.value or "not reported by" in i.value for i in at.info)
+    assert not any("GPU memory: not available" in i.value for i in at.info)  # memory from DCGM too
+    at.sidebar.selectbox(key="sim_scenario").set_value("gpu_thermal_throttle")
+    run_until(at, lambda at: any("is throttled now" in w.value for w in at.warning))
+    assert not at.exception
+    [warning] = [w.value for w in at.warning if "is throttled now" in w.value]
+    assert "SW thermal slowdown, HW thermal slowdown" in warning and "No vLLM flag fixes this" in warning
+    at.sidebar.selectbox(key="sim_scenario").set_value("healthy").run()

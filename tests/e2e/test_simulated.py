@@ -48,3 +48,22 @@ def test_no_url_shows_the_simulation_and_a_scenario_symptom_then_its_knob(browse
         shoot(page, "simulated-kv-pressure-diagnose.png")
     finally:
         page.close()
+
+
+def test_the_gpu_panel_shows_the_simulated_gpu_and_its_thermal_throttle(browser: Browser, bare_app: str) -> None:  # noqa: F811
+    """The simulated engine's DCGM-shaped endpoint, read as its GPU metrics URL: the Live page's GPU
+    panel with its four charts, and the thermal scenario's throttle warning on it."""
+    page = new_page(browser)
+    try:
+        page.goto(bare_app)
+        expect(page.get_by_text("Up ·").first).to_be_visible()
+        page.get_by_role("combobox", name="Scenario").click()
+        page.get_by_role("option", name="GPU thermally throttled").click()
+        page.goto(bare_app + "/Live")
+        expect(page.get_by_text("GPU health").first).to_be_visible()
+        expect(page.get_by_text("is throttled now").first).to_be_visible()
+        expect(page.get_by_text("SM clock (dotted: its maximum").first).to_be_visible()
+        page.wait_for_timeout(20_000)  # twenty readings on the charts
+        shoot(page, "simulated-gpu-throttled-live.png")
+    finally:
+        page.close()

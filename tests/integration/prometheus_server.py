@@ -35,8 +35,11 @@ class PrometheusServer:
     """``prometheus`` with its own data dir; ``targets`` are ``host:port`` scraped every second under
     ``job="vllm"``."""
 
-    def __init__(self, targets: Iterable[str] = (), *, data_dir: Path | None = None) -> None:
+    def __init__(self, targets: Iterable[str] = (), *, data_dir: Path | None = None,
+                 extra_jobs: Iterable[tuple[str, str, list[str]]] = ()) -> None:
+        """``extra_jobs``: (job name, metrics path, targets) scraped beside ``job="vllm"`` (a dcgm-exporter)."""
         self.targets = list(targets)
+        self.extra_jobs = list(extra_jobs)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._tmp = tempfile.TemporaryDirectory(prefix="prom-test-")
@@ -51,6 +54,8 @@ class PrometheusServer:
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
             "scrape_configs:\n  - job_name: vllm\n    static_configs:\n"
             f"      - targets: {json.dumps(self.targets)}\n"
+            + "".join(f"  - job_name: {name}\n    metrics_path: {path}\n    static_configs:\n"
+                      f"      - targets: {json.dumps(targets)}\n" for name, path, targets in self.extra_jobs)
         )
         self.log = (self.dir / "prometheus.log").open("wb")
         self.proc = subprocess.Popen(

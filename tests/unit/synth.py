@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
+from diagnostics.core.metrics.gpu import GpuDevice, GpuReading
 
 L = 'engine="0",model_name="m"'
 ITL_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -140,3 +141,10 @@ def cumulative(per_second: Sequence[Mapping[str, float | Sequence[float]]], **fi
                 buckets[key] = [a + b for a, b in zip(buckets.get(key, [0.0] * len(value)), value)]
         history.append(scrape(float(t), **fixed, **counters, **buckets, **gauges))
     return history
+
+
+def gpu_readings(seconds: int, **fields: object) -> list[tuple[float, GpuReading]]:
+    """One GPU reading a second (times 0, 1, …, matching :func:`scrape`'s), of one H100 whose fields
+    are those given (the rest unknown)."""
+    device = GpuDevice(0, "NVIDIA H100 80GB HBM3", 70 * 2**30, 80 * 2**30, uuid="GPU-test", **fields)  # type: ignore[arg-type]
+    return [(float(t), GpuReading((device,), source="test")) for t in range(seconds)]

@@ -12,7 +12,7 @@ from diagnostics.core.figures.live import (
     queue_figure,
 )
 from diagnostics.core.metrics.catalog import parse_snapshot
-from diagnostics.core.metrics.gpu import GpuMemory
+from diagnostics.core.metrics.gpu import GpuDevice
 from diagnostics.recording import read_recording
 from tests.conftest import fixture_text
 from tests.unit.synth import scrape
@@ -22,7 +22,7 @@ INCIDENTS = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
 
 def test_gpu_memory_figure_shows_total_used_pool_and_the_utilization_line() -> None:
     snap = parse_snapshot(fixture_text("metrics-0.32.0-burst.txt"))
-    gpus = [GpuMemory(0, "H200", 120 * 2**30, 141 * 2**30)]
+    gpus = [GpuDevice(0, "H200", 120 * 2**30, 141 * 2**30)]
     fig = gpu_memory_figure(gpus, snap.cache_config, snap)
     assert fig is not None
     assert [t.name for t in fig.data] == ["total", "used (all processes)", "KV pool (kv_cache_memory_bytes)",

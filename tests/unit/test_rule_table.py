@@ -20,10 +20,11 @@ from diagnostics.core.diagnosis.table import BARE, Stamp
 from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, HISTOGRAMS, RATIOS, parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
+from diagnostics.core.metrics.gpu import ClockEvent
 from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario
 from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
-from tests.unit.synth import cumulative, down, scrape, text
+from tests.unit.synth import cumulative, down, gpu_readings, scrape, text
 from tests.unit.test_changed import changed_window
 from tests.unit.test_rules import hol_history, steady
 
@@ -137,6 +138,10 @@ def _contexts() -> dict[str, Context]:
         "sharing_not_happening": prepare(unshared),
         "unexplained_change": prepare(changed_window()),
         "absent": prepare(bare),
+        "gpu_throttled": prepare(steady(10), gpus=gpu_readings(10, clock_events=ClockEvent.SW_POWER_CAP)),
+        "gpu_saturated": prepare(steady(10, running=64, waiting=12, usage=0.5),
+                                 gpus=gpu_readings(10, utilization_gpu_perc=1.0, clock_events=ClockEvent(0),
+                                                   power_watts=690.0, power_limit_watts=700.0)),
         **{name: prepare([Scrape(ts, parse_snapshot(t)) for ts, t in Simulation(name).run_for(40)])
            for name in ("hung_rank", "lora_deferred", "admission_limit", "asleep", "spec_decode_low", "slow_rank",
                         "pinned_rank")},

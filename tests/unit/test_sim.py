@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare
 from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, NEEDS_A_FLAG, parse_snapshot
+from diagnostics.core.metrics.dcgm import parse_dcgm
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.simulator.config import EngineConfig
 from diagnostics.core.simulator.scenarios import SCENARIOS, make_engines
@@ -25,8 +26,12 @@ def run(name: str, seconds: float = 60.0) -> list[Scrape]:
 
 @pytest.mark.parametrize("name", [n for n, s in SCENARIOS.items() if s.knob])
 def test_each_scenario_shows_its_symptom_and_the_diagnosis_names_it_within_a_minute(name: str) -> None:
+    """Judged with the GPU readings the simulated engine's DCGM endpoint gives beside each scrape."""
     scenario = SCENARIOS[name]
-    findings = diagnose(prepare(run(name), budgets=Budgets(itl_ms=scenario.itl_budget_ms)))
+    run_ = Simulation(name).run_for_with_gpus(60.0)
+    scrapes = [Scrape(ts, parse_snapshot(text)) for ts, text, _ in run_]
+    gpus = [(ts, parse_dcgm(dcgm)) for ts, _, dcgm in run_]
+    findings = diagnose(prepare(scrapes, budgets=Budgets(itl_ms=scenario.itl_budget_ms), gpus=gpus))
     assert scenario.knob in [f.id for f in findings if f.severity != "info"], [f.id for f in findings]
 
 

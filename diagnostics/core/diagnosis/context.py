@@ -28,6 +28,7 @@ from diagnostics.core.diagnosis.logs import LogFacts, parse_log
 from diagnostics.core.diagnosis.types import Budgets, KnownFlags, Thresholds
 from diagnostics.core.metrics.catalog import Histogram, Snapshot
 from diagnostics.core.metrics.derive import Scrape, counter_step, histogram_step, merge_histograms, restarted
+from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.info import ServerInfo
 
 
@@ -106,6 +107,8 @@ class Context:
     # per-engine gauges under data parallelism on a busy host): the gauge rules cannot see a queue, so
     # the queue rules also judge from the per-request histograms (:func:`gauges_blind`).
     gauges_blind: bool = False
+    # GPU health readings over the window (NVML or a dcgm-exporter), oldest first; () when none were read.
+    gpus: tuple[tuple[float, GpuReading], ...] = ()
 
     def skews_lasting(self, seconds: float) -> list[LoadSkew]:
         """The load skews that lasted at least ``seconds``."""
@@ -119,9 +122,11 @@ def prepare(
     budgets: Budgets = Budgets(),
     log_text: str | None = None,
     thresholds: Thresholds = Thresholds(),
+    gpus: Sequence[tuple[float, GpuReading]] = (),
     **flag_overrides: Any,
 ) -> Context:
-    """The context for a window of scrapes (possibly empty) and an optional startup log.
+    """The context for a window of scrapes (possibly empty), an optional startup log and the GPU
+    readings taken beside the scrapes.
 
     ``flag_overrides`` (e.g. ``max_num_seqs=8``) are flags the operator knows; they win over what
     the server and its log say (see :meth:`KnownFlags.known`).
@@ -149,6 +154,7 @@ def prepare(
         load_skews=tuple(load_skews(ok, 0.0, thresholds.kv_full_perc, thresholds.skew_kv_gap)),
         slow_ranks=tuple(slow_ranks(ok, thresholds.slow_rank_window_seconds, thresholds.slow_rank_max_ratio)),
         gauges_blind=gauges_blind(intervals, thresholds),
+        gpus=tuple(gpus),
     )
 
 

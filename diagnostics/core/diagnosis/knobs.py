@@ -220,6 +220,25 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         "vllm/entrypoints/serve/utils/api_utils.py (get_max_tokens); vllm:request_prompt_tokens, "
         "vllm:request_generation_tokens",
     ),
+    KnobRow(
+        "gpu-throttled",
+        "GPU clocks held down (NVML clocks-event reasons: thermal slowdown, power cap, power brake): every "
+        "step slower, though no flag changed",
+        "Not a vLLM setting: the device protects itself. Thermal: the cooling (inlet air, fans, airflow). "
+        "Power: the enforced power limit (nvidia-smi -q -d POWER, an administrator's -pl) and the supply",
+        (),
+        "fix cooling or the power cap",
+        "NVML nvmlDeviceGetCurrentClocksEventReasons; dcgm-exporter DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    ),
+    KnobRow(
+        "gpu-saturated",
+        "GPU busy all the time (utilisation pegged) while requests wait",
+        "If the batch can still grow (KV room, running below --max-num-seqs) it is not the limit; otherwise add "
+        "capacity: another replica, --data-parallel-size, --tensor-parallel-size, or shed early",
+        ("--data-parallel-size", "--tensor-parallel-size", "--max-num-queued-reqs"),
+        "capacity ↑",
+        "NVML utilisation / DCGM_FI_DEV_GPU_UTIL; vLLM num_requests_waiting",
+    ),
 )
 
 KNOBS_BY_ID = {row.id: row for row in KNOB_TABLE}

@@ -20,6 +20,7 @@ from diagnostics.core.diagnosis.logs import ERROR_PATTERNS
 from diagnostics.core.diagnosis.rules import (
     changes,
     features,
+    gpu,
     latency,
     memory,
     outages,
@@ -146,6 +147,11 @@ RULES: tuple[Rule, ...] = (
          alert="VLLMDecodeOverITLBudget", scenario="slow_decode", absent="decode_speed",
          # No budget, nothing judged: the finding only says so.
          overrides={"itl_budget_unset": Stamp((), None)}, while_tokens_stopped=False),
+    # The GPU itself (NVML or dcgm-exporter readings): no vLLM flag for a throttled clock, capacity for a busy one.
+    Rule("gpu_throttled", gpu.gpu_throttled, ("gpu_throttled",), ("gpu-throttled",), chart=None, alert=None,
+         scenario="gpu_thermal_throttle"),
+    Rule("gpu_saturated", gpu.gpu_saturated, ("gpu_saturated",), ("gpu-saturated",), chart="num_requests_waiting",
+         alert=None, scenario=None, while_tokens_stopped=False),
     Rule("ttft", latency.ttft, ("ttft_queue_dominated",), ("ttft-queue",), chart="time_to_first_token_seconds",
          alert="VLLMTTFTOverBudget", scenario=None, absent="ttft",
          overrides={"ttft_prefill_dominated": Stamp(("ttft-prefill",), "time_to_first_token_seconds")},

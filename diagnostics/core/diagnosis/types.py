@@ -191,6 +191,15 @@ class Thresholds:
     gave_up_min_share: float = 0.05  # of the 2xx answers, never finished by the engine
     gave_up_wait_seconds: float = 1.0  # queue time or TTFT p95 above this: the clients were made to wait
     cut_min_share: float = 0.05  # of the finished sequences, cut at --max-model-len
+    # GPU health (NVML or dcgm-exporter readings): judged on at least this many readings of a device;
+    # throttled when its thermal or power clocks-event reasons are set in this share of them;
+    # saturated when its median utilisation is at least this, it draws this share of its power limit
+    # (compute-bound, not idling in a kernel) and requests waited in this share of scrapes.
+    gpu_min_readings: int = 3
+    gpu_throttled_share: float = 0.5
+    gpu_saturated_utilization_perc: float = 0.95
+    gpu_saturated_power_perc: float = 0.9
+    gpu_saturated_waiting_share: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)

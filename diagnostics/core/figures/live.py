@@ -16,7 +16,7 @@ from diagnostics.core.figures.common import add_quantile_traces, apply_layout, a
 from diagnostics.core.hardware import DevicePeak
 from diagnostics.core.metrics.catalog import CacheConfig, Snapshot
 from diagnostics.core.metrics.derive import Scrape, labels_total, spec_decode
-from diagnostics.core.metrics.gpu import GpuMemory
+from diagnostics.core.metrics.gpu import GpuDevice
 from diagnostics.core.metrics.series import (
     gauge_series,
     increase_events,
@@ -291,15 +291,16 @@ def outcomes_figure(history: Sequence[Scrape]) -> go.Figure | None:
 
 
 def gpu_memory_figure(
-    gpus: Sequence[GpuMemory], config: CacheConfig | None, snapshot: Snapshot | None
+    devices: Sequence[GpuDevice], config: CacheConfig | None, snapshot: Snapshot | None
 ) -> go.Figure | None:
-    """Where the GPU memory went: used vs total per device, the gpu_memory_utilization ceiling,
-    the KV pool and the KV bytes in use."""
+    """Where the GPU memory went: used vs total per device (NVML or DCGM), the gpu_memory_utilization
+    ceiling, the KV pool and the KV bytes in use. Devices whose memory was not reported are left out."""
+    gpus = [g for g in devices if g.memory_used_bytes is not None and g.memory_total_bytes]
     if not gpus:
         return None
-    names = [f"GPU {g.index} · {g.name}" for g in gpus]
-    used = [g.memory_used_bytes / GIB for g in gpus]
-    total = [g.memory_total_bytes / GIB for g in gpus]
+    names = [g.label for g in gpus]
+    used = [(g.memory_used_bytes or 0) / GIB for g in gpus]
+    total = [(g.memory_total_bytes or 0) / GIB for g in gpus]
     fig = go.Figure()
     fig.add_trace(
         go.Bar(

@@ -107,3 +107,10 @@ def parse_vllm_samples(text: str) -> list[Sample]:
             if sample.name == HTTP_REQUESTS:
                 samples.append(sample)
     return samples
+
+
+def parse_prefixed_samples(text: str, prefix: str) -> list[Sample]:
+    """Every sample whose name starts with ``prefix`` (another exporter's families, e.g. dcgm-exporter's
+    ``DCGM_FI_``), read with the same line parser; other lines are not inspected."""
+    return [parse_line(line.rstrip("\r"), line_no)
+            for line_no, line in enumerate(text.split("\n"), start=1) if line.startswith(prefix)]

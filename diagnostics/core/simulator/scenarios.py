@@ -6,6 +6,7 @@ import math
 import random
 from dataclasses import dataclass, replace
 
+from diagnostics.core.metrics.gpu import ClockEvent
 from diagnostics.core.simulator.config import EngineConfig
 from diagnostics.core.simulator.hardware import GPU_SPECS
 from diagnostics.core.simulator.scheduler import SimEngine
@@ -44,6 +45,24 @@ class Scenario:
     sleep_level: int = 0  # put to sleep at this level (POST /sleep) after a while
     slow_rank: int | None = None  # this engine's device is degraded: its steps take 4× longer
     pinned_share: float = 0.0  # a router pins this share of requests to engine 0 (X-data-parallel-rank)
+    gpu_throttle: str = ""  # a GPU_THROTTLES kind: every engine's GPU holds its SM clock down
+
+
+@dataclass(frozen=True, slots=True)
+class GpuThrottle:
+    """A GPU held below its maximum clock: the SM clock's share of its maximum, and the NVML
+    clocks-event reasons the device reports meanwhile. Each step takes ``1 / sm_clock_ratio`` times
+    longer (a compute-bound step scales with the clock; decode, memory-bound, less: an upper bound)."""
+
+    kind: str
+    sm_clock_ratio: float
+    events: ClockEvent
+
+
+GPU_THROTTLES = {
+    "thermal": GpuThrottle("thermal", 0.64, ClockEvent.SW_THERMAL_SLOWDOWN | ClockEvent.HW_THERMAL_SLOWDOWN),
+    "power": GpuThrottle("power", 0.76, ClockEvent.SW_POWER_CAP),
+}
 
 
 BASE = EngineConfig()
@@ -101,6 +120,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              data_parallel_size=2, pinned_share=0.9),
     Scenario("hung_rank", "Hung data-parallel rank", "engine 1 of 2 stops; engine 0 serves alone, the totals halve",
              "hung_rank", BASE, Workload(rate_per_s=8.0), data_parallel_size=2, hung_rank=1),
+    Scenario("gpu_thermal_throttle", "GPU thermally throttled", "the GPU runs past its slowdown temperature: the "
+             "SM clock is held at 64 % of its maximum (NVML's thermal slowdown reasons set) and every step is slower; "
+             "no vLLM flag changes that", "gpu_throttled", BASE, Workload(rate_per_s=4.0, shared_prefix_tokens=256),
+             gpu_throttle="thermal"),
 )}
 
 
@@ -166,6 +189,8 @@ def make_engines(scenario: Scenario, seed: int = 0, now: float = 0.0) -> tuple[l
         engine.now = now
         if rank == scenario.slow_rank:
             engine.slowdown = 4.0
+        if scenario.gpu_throttle:
+            engine.slowdown = 1 / GPU_THROTTLES[scenario.gpu_throttle].sm_clock_ratio
         engines.append(engine)
     return engines, WorkloadGenerator(scenario.workload, now, seed)
 

@@ -1,0 +1,119 @@
+"""The GPU rules judge NVML / dcgm-exporter readings per device: a clock held down for heat or for
+power is named with its reading (and no vLLM flag); a GPU busy all the time at its power limit while
+requests wait, with KV room and below the batch cap, is named as capacity. A healthy GPU, a merely
+busy one (utilisation pegged at a modest power draw), a KV-bound queue and a cap-held queue stay quiet."""
+
+from __future__ import annotations
+
+from diagnostics.core.diagnosis import diagnose, prepare
+from diagnostics.core.diagnosis.rules import gpu
+from diagnostics.core.metrics.gpu import ClockEvent
+from tests.unit.synth import gpu_readings
+from tests.unit.test_rules import steady
+
+THERMAL = ClockEvent.HW_THERMAL_SLOWDOWN | ClockEvent.SW_THERMAL_SLOWDOWN
+HOT = {"clock_events": THERMAL, "sm_clock_mhz": 1275.0, "sm_clock_max_mhz": 1980.0, "temperature_celsius": 89.0,
+       "temperature_slowdown_celsius": 87.0, "utilization_gpu_perc": 1.0}
+HEALTHY = {"clock_events": ClockEvent(0), "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0,
+           "temperature_celsius": 61.0, "temperature_slowdown_celsius": 87.0, "power_watts": 520.0,
+           "power_limit_watts": 700.0, "utilization_gpu_perc": 0.97}
+
+
+def _ids(findings: list) -> list[str]:  # type: ignore[type-arg]
+    return [f.id for f in findings]
+
+
+def test_a_thermally_throttled_gpu_is_named_with_its_clock_and_temperature_and_no_flag() -> None:
+    ctx = prepare(steady(20, running=8, usage=0.3), gpus=gpu_readings(20, **HOT))
+    [finding] = gpu.gpu_throttled(ctx)
+    assert finding.severity == "warning"
+    # 1275 / 1980 = 64.4 %; the medians of the readings, as the fixture wrote them.
+    assert "thermally throttled in 100 % of readings" in finding.title
+    assert "SM clock 1275 MHz of 1980 (64 %)" in finding.title and "89 °C (slowdown at 87 °C)" in finding.title
+    assert finding.evidence["clock_event_reasons"] == ["SW thermal slowdown", "HW thermal slowdown"]
+    assert finding.checks[0].startswith("No vLLM flag fixes a thermal limit")
+    assert finding.suggestions == ()
+    assert finding.time_range == (0.0, 19.0)
+
+
+def test_a_power_capped_gpu_is_told_apart_from_a_hot_one() -> None:
+    capped = dict(HEALTHY, clock_events=ClockEvent.SW_POWER_CAP, power_watts=699.0, sm_clock_mhz=1500.0)
+    [finding] = gpu.gpu_throttled(prepare(steady(10), gpus=gpu_readings(10, **capped)))
+    assert "held at its power limit" in finding.title and "699 W of 700 W" in finding.title
+    assert "SM clock 1500 MHz of 1980 (76 %)" in finding.title
+    assert finding.checks[0].startswith("No vLLM flag raises a power limit")
+
+
+def test_hw_slowdown_alone_is_thermal_only_past_the_slowdown_temperature() -> None:
+    warm = dict(HOT, clock_events=ClockEvent.HW_SLOWDOWN)
+    [hot] = gpu.gpu_throttled(prepare(steady(10), gpus=gpu_readings(10, **warm)))
+    [cool] = gpu.gpu_throttled(prepare(steady(10), gpus=gpu_readings(10, **dict(warm, temperature_celsius=60.0))))
+    assert "thermally throttled" in hot.title and "held at its power limit" in cool.title
+
+
+def test_throttled_in_under_half_the_readings_or_too_few_readings_is_quiet() -> None:
+    some = gpu_readings(10, **HOT)[:4] + gpu_readings(10, **HEALTHY)[4:]  # 4 of 10 throttled
+    assert gpu.gpu_throttled(prepare(steady(10), gpus=some)) == []
+    assert gpu.gpu_throttled(prepare(steady(10), gpus=gpu_readings(2, **HOT))) == []  # 2 < gpu_min_readings
+
+
+def test_idle_and_application_clocks_are_not_throttling() -> None:
+    idle = dict(HEALTHY, clock_events=ClockEvent.GPU_IDLE | ClockEvent.APPLICATIONS_CLOCKS_SETTING)
+    assert gpu.gpu_throttled(prepare(steady(10), gpus=gpu_readings(10, **idle))) == []
+
+
+def test_reasons_not_reported_judge_nothing() -> None:
+    """NVML's NotSupported (or a DCGM without the reasons field) is unknown, not "not throttled"."""
+    assert gpu.gpu_throttled(prepare(steady(10), gpus=gpu_readings(10, sm_clock_mhz=1275.0))) == []
+
+
+def test_a_healthy_busy_gpu_with_nobody_waiting_gives_no_gpu_finding() -> None:
+    found = diagnose(prepare(steady(20, running=8, usage=0.3), gpus=gpu_readings(20, **HEALTHY)))
+    assert not {"gpu_throttled", "gpu_saturated"} & set(_ids(found))
+
+
+DRAWN = dict(HEALTHY, power_watts=665.0)  # 665 W is 95 % of 700 W, over the 90 % the rule asks
+
+
+def test_a_gpu_busy_at_its_power_limit_while_requests_wait_is_saturated() -> None:
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.5), gpus=gpu_readings(20, **DRAWN))
+    [finding] = gpu.gpu_saturated(ctx)
+    assert "saturated: busy 97 % of the time at 665 W of its 700 W limit while requests waited in 100 % of scrapes" \
+        in finding.title
+    assert finding.evidence["max_num_requests_waiting"] == 12 and finding.evidence["kv_cache_usage_perc"] == 0.5
+    assert "--data-parallel-size" in finding.checks[1]
+
+
+def test_utilisation_pegged_at_a_modest_power_draw_is_not_saturated() -> None:
+    """520 W of 700 (74 %): a kernel always running, the SMs not out of work."""
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.5), gpus=gpu_readings(20, **HEALTHY))
+    assert gpu.gpu_saturated(ctx) == []
+
+
+def test_without_a_power_limit_saturation_is_not_judged() -> None:
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.5),
+                  gpus=gpu_readings(20, **dict(DRAWN, power_limit_watts=None)))
+    assert gpu.gpu_saturated(ctx) == []
+
+
+def test_a_kv_bound_queue_is_kv_pressures_not_the_gpus() -> None:
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.97), gpus=gpu_readings(20, **DRAWN))
+    assert gpu.gpu_saturated(ctx) == []
+
+
+def test_a_queue_held_at_a_known_max_num_seqs_is_the_caps_not_the_gpus() -> None:
+    ctx = prepare(steady(20, running=8, waiting=30, usage=0.05), gpus=gpu_readings(20, **DRAWN), max_num_seqs=8)
+    assert gpu.gpu_saturated(ctx) == []
+    below = prepare(steady(20, running=8, waiting=30, usage=0.05), gpus=gpu_readings(20, **DRAWN), max_num_seqs=64)
+    assert _ids(gpu.gpu_saturated(below)) == ["gpu_saturated"]
+
+
+def test_a_throttled_gpu_is_not_also_called_saturated() -> None:
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.5), gpus=gpu_readings(20, **dict(HOT, power_watts=665.0,
+                                                                                               power_limit_watts=700.0)))
+    assert _ids(diagnose(ctx)).count("gpu_throttled") == 1 and "gpu_saturated" not in _ids(diagnose(ctx))
+
+
+def test_no_gpu_reading_judges_nothing() -> None:
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.97))
+    assert gpu.gpu_throttled(ctx) == [] and gpu.gpu_saturated(ctx) == []
