@@ -127,7 +127,7 @@ _PREFIX = re.compile(r"^(?:\(\w+(?: pid=\d+)?\)\s+)?(?:(?:DEBUG|INFO|WARNING|ERR
 _LEVEL_ERROR = re.compile(r"^(?:\(\w+(?: pid=\d+)?\)\s+)?(?:ERROR|CRITICAL)\s+\d\d-\d\d ")
 # The last line of a traceback: the exception's (dotted) name, then its message.
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<name>[A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?::\s*(?P<text>.*))?$")
-_USAGE_ERROR = re.compile(r"^\S+: error: ")
+_USAGE_ERROR = re.compile(r"^[\w.\- ]+: error: ")
 _EXITED = re.compile(r"\bexited\b|\bdied\b|failed to start", re.IGNORECASE)
 _TRACEBACK = re.compile(r"^Traceback \(most recent call last\)")
 # Exceptions that only carry another's failure: the root cause is the exception they point back to.
@@ -172,7 +172,7 @@ class LogFacts:
     max_concurrency: float | None
     serving_line: int | None = None  # where the server said it was up (None: it never got there)
     causes: tuple[LogError, ...] = ()  # the lines that matter about a death, in log order
-    num_lines: int = 0
+    num_lines: int = 0  # lines with something on them
     started_line: int | None = None  # "Application startup complete" (None: the log never says it)
 
     def first(self, kind: str) -> LogError | None:
@@ -365,7 +365,8 @@ def parse_log(text: str) -> LogFacts:
     if specific and "cuda_oom" in errors and not any(e.kind.startswith("oom_") for e in specific):
         ordered.append(errors["cuda_oom"])
     facts = LogFacts(tuple(sorted(ordered, key=lambda e: e.line_no)), version, args, available, tokens, concurrency,
-                     serving, tuple(sorted(causes.values(), key=lambda e: e.line_no)), len(lines), started)
+                     serving, tuple(sorted(causes.values(), key=lambda e: e.line_no)),
+                     sum(1 for line in lines if line.strip()), started)
     if facts.died_serving() is not None:
         # A death after startup is the runtime-death finding's, not a startup error.
         facts = replace(facts, errors=tuple(e for e in facts.errors if e.kind not in ("engine_dead", "cuda_oom")))
