@@ -66,11 +66,14 @@ ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # vllm/distributed/utils.py ensure_divisibility, from QKVParallelLinear's divide(tp, kv_heads) or
     # divide(kv_heads, tp): kept only when one side is the server's --tensor-parallel-size.
     ("tp_kv_heads", re.compile(r"AssertionError: (?P<numerator>\d+) is not divisible by (?P<denominator>\d+)")),
-    # vllm/platforms/cuda.py (and rocm.py): no attention kernel takes this block size / dtype / head size.
+    # vllm/platforms/cuda.py (and rocm.py), interface.py, v1/worker/utils.py: no attention kernel takes this
+    # block size / dtype / head size.
     ("attention_unsupported", re.compile(
         r"No valid attention backend found for \S+ with .*?Reasons: (?P<reasons>\{.*\})|"
         r"Selected backend \S+ is not valid for this configuration\. Reason: (?P<reason>.*)|"
-        r"Aligned KV cache block size (?P<block_size>\d+) is not supported by attention backend")),
+        r"Aligned KV cache block size (?P<block_size>\d+) is not supported by attention backend|"
+        # vllm/v1/worker/utils.py select_common_block_size: no kernel block size divides --block-size.
+        r"No common block size for (?P<kv_block_size>\d+) \((?P<kernel_block_sizes>.*)\)")),
     ("dtype_unsupported", re.compile(
         r"Bfloat16 is only supported on GPUs with compute capability of at least 8\.0|"
         r"Unknown dtype: (?P<dtype>\S+)|does not support float16\. Reason")),
@@ -80,12 +83,12 @@ ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("port_in_use", re.compile(r"\[Errno (?:98|48|10048)\].*?[Aa]ddress already in use")),
     # huggingface_hub/utils/_http.py and transformers/utils/hub.py.
     ("model_gated", re.compile(
-        r"GatedRepoError|Cannot access gated repo|You are trying to access a gated repo|401 Client Error")),
+        r"GatedRepoError:|Cannot access gated repo|You are trying to access a gated repo|401 Client Error")),
     ("model_not_found", re.compile(
         r"is not a local folder and is not a valid model identifier|Repository Not Found for url|"
         r"Invalid repository ID or local directory specified|We couldn't connect to 'https://huggingface\.co'|"
-        r"LocalEntryNotFoundError|does not appear to have a file named config\.json|"
-        r"Cannot find an appropriate cached snapshot folder")),
+        r"LocalEntryNotFoundError:|does not appear to have a file named config\.json|"
+        r"Cannot find an appropriate cached snapshot folder|HFValidationError: Repo id must be")),
     # vllm/transformers_utils/config.py; transformers/dynamic_module_utils.py (the backticked forms are
     # messages; the engine's config line says trust_remote_code=True without them).
     ("trust_remote_code", re.compile(
@@ -250,9 +253,10 @@ def _pydantic_field(lines: list[str]) -> LogError | None:
 
 
 def failure_line(lines: list[str]) -> LogError | None:
-    """The line that says why a start failed, whatever the error: the root exception (the first
-    that is not a wrapper pointing back at it), else argparse's usage error, an ERROR record, a
-    process that exited, or a bare traceback header (a log cut inside it). None: no sign of failure."""
+    """The line that says why a start failed, whatever the error: the last exception raised that is
+    not a wrapper pointing back at another (with the first, the root cause, when they differ), else
+    argparse's usage error, an ERROR record, a process that exited, or a bare traceback header (a log
+    cut inside it). None: no sign of failure."""
     found: dict[str, tuple[int, str]] = {}
     for line_no, line in enumerate(lines, start=1):
         rest = _PREFIX.sub("", line, count=1)
@@ -261,7 +265,10 @@ def failure_line(lines: list[str]) -> LogError | None:
             continue
         m = _EXCEPTION.match(body)
         if m:
-            found.setdefault("exception", (line_no, m.group("name")))
+            # The last exception raised is the one said to the user (a chained traceback ends with it);
+            # the first is kept as the root cause.
+            found.setdefault("root", (line_no, m.group("name")))
+            found["exception"] = (line_no, m.group("name"))
         elif _USAGE_ERROR.match(body):
             found.setdefault("usage", (line_no, ""))
         elif _TRACEBACK.match(body):
@@ -279,6 +286,10 @@ def failure_line(lines: list[str]) -> LogError | None:
                 more = [_body(x) for x in lines[line_no:line_no + 2] if _body(x)]
                 text = " / ".join([text, *more])
             words = {"signal": signal, **({"exception": name} if signal == "exception" else {})}
+            root_no, _ = found.get("root", (line_no, ""))
+            if signal == "exception" and root_no != line_no:
+                words["root_cause"] = quote(lines[root_no - 1])
+                words["root_cause_line"] = str(root_no)
             return LogError("startup_failed", line_no, quote(text), {}, words)
     return None
 

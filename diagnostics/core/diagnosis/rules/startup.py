@@ -133,6 +133,9 @@ def _attention(error: LogError) -> list[Suggestion]:
     """The flag a reason names (vllm/v1/attention/backend.py validate_configuration's reasons)."""
     w = error.words
     reasons = w.get("reasons", "") + w.get("reason", "")
+    if "kv_block_size" in error.numbers:
+        return [Suggestion("--block-size", "set", None, f"The attention kernels take block sizes "
+                           f"{w.get('kernel_block_sizes', '')}; leave --block-size unset for the backend's default.")]
     if "block_size" in error.numbers or "block_size not supported" in reasons:
         return [Suggestion("--block-size", "set", None, "No attention kernel takes this block size; leave "
                            "--block-size unset for the backend's default.")]
