@@ -118,6 +118,8 @@ def report(title: str, group: Sequence[Case], markdown: bool) -> None:
             never[case.incident] += 1
         else:
             ttr[case.incident].append(seconds)
+    if not any(case.scrapes for case in group):
+        return  # logs alone: no attach, no time to the knob
     print("time to the right knob from attach (median s; windows that showed another warning first; windows "
           "wrong again after it was right; never right):")
     for cls in sorted(set(ttr) | set(never)):
