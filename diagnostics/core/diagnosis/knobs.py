@@ -40,6 +40,61 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         "vLLM error text; conserving_memory.md",
     ),
     KnobRow(
+        "startup-rejected-flag",
+        "Won't start: vLLM's validation rejected a flag (context length, token budget, parallel size, block size, "
+        "dtype)",
+        "The message names the flag and the limit: set it within the limit (the model's maximum context, the "
+        "batch's token budget, a tensor-parallel size that divides the heads, a block size or dtype a kernel takes)",
+        ("--max-model-len", "--max-num-batched-tokens", "--max-num-seqs", "--tensor-parallel-size", "--block-size",
+         "--dtype", "--kv-cache-dtype"),
+        "as the message says",
+        "vllm/config/model.py, scheduler.py, cache.py; vllm/engine/arg_utils.py; vllm/platforms/cuda.py",
+    ),
+    KnobRow(
+        "startup-model",
+        "Won't start: the model is not found, is gated, or needs its own code",
+        "--model spelled as a local directory or a Hub repo id this host can reach (HF_HUB_OFFLINE); a gated repo "
+        "needs a token with access; a custom architecture needs --trust-remote-code (only for a repo you trust)",
+        ("--model", "--hf-token", "--trust-remote-code"),
+        "set",
+        "transformers/utils/hub.py; huggingface_hub errors; vllm/transformers_utils/config.py",
+    ),
+    KnobRow(
+        "startup-port",
+        "Won't start: the port is already in use",
+        "Another process (often an earlier vllm serve) listens on --port: stop it, or serve on a free port",
+        ("--port",),
+        "another port",
+        "vllm/entrypoints/launchers/launcher.py (create_server_socket binds before the engine starts)",
+    ),
+    KnobRow(
+        "startup-cudagraph",
+        "Won't start: out of memory while capturing CUDA graphs",
+        "Leave room for the graphs (--gpu-memory-utilization ↓), capture fewer sizes (--max-cudagraph-capture-size "
+        "↓), or none (--enforce-eager, slower decode)",
+        ("--gpu-memory-utilization", "--max-cudagraph-capture-size", "--enforce-eager"),
+        "utilization ↓ or fewer graphs",
+        "vllm/v1/worker/gpu_model_runner.py (capture_model); vllm/v1/worker/gpu_worker.py",
+    ),
+    KnobRow(
+        "startup-nccl",
+        "Won't start: NCCL failed to initialise between the GPUs",
+        "Not a tuning flag: NCCL_DEBUG=INFO for the first NCCL WARN; shared memory in containers (--ipc=host); "
+        "the GPUs each rank sees; NCCL_P2P_DISABLE=1 when peer-to-peer is broken",
+        (),
+        "fix the environment",
+        "vllm/distributed/device_communicators/pynccl.py, pynccl_wrapper.py",
+    ),
+    KnobRow(
+        "startup-failed",
+        "Won't start, with an error no rule knows (or a log that never says it started)",
+        "Read the quoted line and the traceback above it; give the whole log, from the start to 'Application "
+        "startup complete' or the error that ended it",
+        (),
+        "read the error",
+        "the log",
+    ),
+    KnobRow(
         "decode-slow",
         "Decode slower than the latency budget",
         "--max-num-seqs against the defended batch size, then whether quantizing weights or --kv-cache-dtype is "

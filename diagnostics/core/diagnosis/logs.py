@@ -48,6 +48,56 @@ ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("oom_sampler", re.compile(r"out of memory occurred when warming up (?:sampler|pooler) with (?P<num_reqs>\d+)")),
     ("cuda_oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError")),
     ("engine_dead", re.compile(r"EngineDeadError|Engine core initialization failed")),
+    # A server that will not start for a reason outside memory: vLLM's own validation messages
+    # (vllm/config/model.py, scheduler.py; engine/arg_utils.py), the entrypoint's socket, the Hub and
+    # transformers' refusals, and the GPU-only failures quoted from vLLM's and torch's source.
+    ("max_model_len_too_long", re.compile(
+        r"User-specified max_model_len \((?P<max_model_len>\d+)\) is greater than the derived max_model_len "
+        r"\((?P<max_len_key>\w+)=(?P<derived_max_model_len>\d+)")),
+    ("batched_below_max_model_len", re.compile(
+        r"max_num_batched_tokens \((?P<max_num_batched_tokens>\d+)\) is smaller than max_model_len "
+        r"\((?P<max_model_len>\d+)\)")),
+    ("batched_below_max_num_seqs", re.compile(
+        r"max_num_batched_tokens \((?P<max_num_batched_tokens>\d+)\) must be greater than or equal to "
+        r"max_num_seqs \((?P<max_num_seqs>\d+)\)")),
+    ("tp_attention_heads", re.compile(
+        r"Total number of attention heads \((?P<num_attention_heads>\d+)\) must be divisible by tensor "
+        r"parallel size \((?P<tensor_parallel_size>\d+)\)")),
+    # vllm/distributed/utils.py ensure_divisibility, from QKVParallelLinear's divide(tp, kv_heads) or
+    # divide(kv_heads, tp): kept only when one side is the server's --tensor-parallel-size.
+    ("tp_kv_heads", re.compile(r"AssertionError: (?P<numerator>\d+) is not divisible by (?P<denominator>\d+)")),
+    # vllm/platforms/cuda.py (and rocm.py), interface.py, v1/worker/utils.py: no attention kernel takes this
+    # block size / dtype / head size.
+    ("attention_unsupported", re.compile(
+        r"No valid attention backend found for \S+ with .*?Reasons: (?P<reasons>\{.*\})|"
+        r"Selected backend \S+ is not valid for this configuration\. Reason: (?P<reason>.*)|"
+        r"Aligned KV cache block size (?P<block_size>\d+) is not supported by attention backend|"
+        # vllm/v1/worker/utils.py select_common_block_size: no kernel block size divides --block-size.
+        r"No common block size for (?P<kv_block_size>\d+) \((?P<kernel_block_sizes>.*)\)")),
+    ("dtype_unsupported", re.compile(
+        r"Bfloat16 is only supported on GPUs with compute capability of at least 8\.0|"
+        r"Unknown dtype: (?P<dtype>\S+)|does not support float16\. Reason")),
+    # argparse (engine/arg_utils.py builds every flag from the config's types: a Literal is a choice).
+    ("invalid_argument", re.compile(
+        r"error: argument (?P<flag>--[\w-]+)[^:]*: (?P<problem>.+)|error: unrecognized arguments: (?P<unknown>\S+)")),
+    ("port_in_use", re.compile(r"\[Errno (?:98|48|10048)\].*?[Aa]ddress already in use")),
+    # huggingface_hub/utils/_http.py and transformers/utils/hub.py.
+    ("model_gated", re.compile(
+        r"GatedRepoError:|Cannot access gated repo|You are trying to access a gated repo|401 Client Error")),
+    ("model_not_found", re.compile(
+        r"is not a local folder and is not a valid model identifier|Repository Not Found for url|"
+        r"Invalid repository ID or local directory specified|We couldn't connect to 'https://huggingface\.co'|"
+        r"LocalEntryNotFoundError:|does not appear to have a file named config\.json|"
+        r"Cannot find an appropriate cached snapshot folder|HFValidationError: Repo id must be")),
+    # vllm/transformers_utils/config.py; transformers/dynamic_module_utils.py (the backticked forms are
+    # messages; the engine's config line says trust_remote_code=True without them).
+    ("trust_remote_code", re.compile(
+        r"`trust_remote_code=True`|requires you to execute the configuration file|"
+        r"contains custom code which must be executed")),
+    # vllm/distributed/device_communicators/pynccl*.py; torch's ProcessGroupNCCL (DistBackendError).
+    ("nccl", re.compile(
+        r"NCCL error|nccl(?:System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument|Remote)Error|"
+        r"DistBackendError|Failed to load NCCL library|failed to load the NCCL library")),
 )
 
 # Lines that say why an engine died while serving (first occurrence of each is kept, in log order).
@@ -63,6 +113,37 @@ CAUSE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("engine_dead", re.compile(r"EngineDeadError")),
 )
 _SERVING = re.compile(r"Application startup complete|Starting vLLM (?:API )?server|Uvicorn running on")
+_STARTED = re.compile(r"Application startup complete")
+
+# The kinds of a failed start outside the memory family: they only count in a log whose server never
+# came up (vLLM raises each at startup; none is logged by a server that then serves).
+FAILED_START_KINDS = frozenset({
+    "max_model_len_too_long", "batched_below_max_model_len", "batched_below_max_num_seqs", "tp_attention_heads",
+    "tp_kv_heads", "attention_unsupported", "dtype_unsupported", "invalid_argument", "port_in_use", "model_gated",
+    "model_not_found", "trust_remote_code", "nccl", "cuda_graph_oom", "startup_failed",
+})
+
+# How a line's message body is found: vLLM's record prefix ("(EngineCore pid=3) ERROR 11-29 22:24:10
+# [core.py:1510] "; older versions without the process tag), or none for what Python printed itself.
+_PREFIX = re.compile(r"^(?:\(\w+(?: pid=\d+)?\)\s+)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+"
+                     r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[?[^\]\s]*\]\s?)?")
+_LEVEL_ERROR = re.compile(r"^(?:\(\w+(?: pid=\d+)?\)\s+)?(?:ERROR|CRITICAL)\s+\d\d-\d\d ")
+# The last line of a traceback: the exception's (dotted) name, then its message.
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<name>[A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?::\s*(?P<text>.*))?$")
+_USAGE_ERROR = re.compile(r"^[\w.\- ]+: error: ")
+_EXITED = re.compile(r"\bexited\b|\bdied\b|failed to start", re.IGNORECASE)
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\)")
+# Exceptions that only carry another's failure: the root cause is the exception they point back to.
+_WRAPPERS = re.compile(r"EngineDeadError|Engine core initialization failed|EngineCore failed to start|"
+                       r"KeyboardInterrupt|SystemExit|See root cause above")
+_PYDANTIC = re.compile(r"\d+ validation errors? for \w+")
+_FIELD = re.compile(r"^(?P<field>[a-z_][a-z0-9_]*)$")
+# CUDA-graph capture in progress (vllm/v1/worker/gpu_model_runner.py: the progress bar and the frames),
+# and its end ("Graph capturing finished in %.0f secs, took %.2f GiB").
+_CAPTURING = re.compile(r"Capturing CUDA graphs|in capture_model|in _capture_cudagraphs|in profile_cudagraph_memory|"
+                        r"in _warmup_and_capture")
+_CAPTURED = re.compile(r"Graph capturing finished")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _LOG_TIME = re.compile(r"\b(\d\d-\d\d \d\d:\d\d:\d\d)\b")
 
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
@@ -76,8 +157,9 @@ _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:
 class LogError:
     kind: str
     line_no: int
-    text: str
+    text: str  # the line as the log has it, control characters written out (it is the server's text)
     numbers: dict[str, float] = field(default_factory=dict)
+    words: dict[str, str] = field(default_factory=dict)  # the message's non-numeric parts (a flag, a reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +175,8 @@ class LogFacts:
     max_concurrency: float | None
     serving_line: int | None = None  # where the server said it was up (None: it never got there)
     causes: tuple[LogError, ...] = ()  # the lines that matter about a death, in log order
+    num_lines: int = 0  # lines with something on them
+    started_line: int | None = None  # "Application startup complete" (None: the log never says it)
 
     def first(self, kind: str) -> LogError | None:
         return next((e for e in self.errors if e.kind == kind), None)
@@ -125,6 +209,132 @@ def _args(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def inert(line: str) -> str:
+    """A log line with its control characters (terminal escapes, carriage returns) written out as
+    ``\\xNN``: the line is the server's text, shown as it is but never interpreted."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+
+
+def quote(line: str, limit: int = 600) -> str:
+    """A line as a finding quotes it: inert, and its head kept (the message starts there; a pydantic
+    error ends with the whole input dump)."""
+    text = inert(line.strip())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _body(line: str) -> str:
+    return _PREFIX.sub("", line, count=1).strip()
+
+
+def _numbers_and_words(groups: dict[str, str | None]) -> tuple[dict[str, float], dict[str, str]]:
+    numbers, words = {}, {}
+    for key, value in groups.items():
+        if value is None:
+            continue
+        try:
+            numbers[key] = float(value)
+        except ValueError:
+            words[key] = inert(value)
+    return numbers, words
+
+
+def _pydantic_field(lines: list[str]) -> LogError | None:
+    """A pydantic ValidationError on one config field (``block_size`` / ``Input should be greater
+    than 0``): the field is the flag, the next line the problem."""
+    for i, line in enumerate(lines):
+        if not _PYDANTIC.search(line):
+            continue
+        rest = [(j, _body(lines[j])) for j in range(i + 1, min(i + 4, len(lines))) if _body(lines[j])]
+        if len(rest) >= 2 and (m := _FIELD.match(rest[0][1])):
+            name, (line_no, problem) = m.group("field"), rest[1]
+            return LogError("invalid_argument", line_no + 1, quote(f"{name}: {problem}"), {},
+                            {"flag": "--" + name.replace("_", "-"), "problem": inert(problem)})
+    return None
+
+
+def failure_line(lines: list[str]) -> LogError | None:
+    """The line that says why a start failed, whatever the error: the last exception raised that is
+    not a wrapper pointing back at another (with the first, the root cause, when they differ), else
+    argparse's usage error, an ERROR record, a process that exited, or a bare traceback header (a log
+    cut inside it). None: no sign of failure."""
+    found: dict[str, tuple[int, str]] = {}
+    for line_no, line in enumerate(lines, start=1):
+        rest = _PREFIX.sub("", line, count=1)
+        body = rest.strip()
+        if not body or _WRAPPERS.search(body):
+            continue
+        m = _EXCEPTION.match(body)
+        if m:
+            # The last exception raised is the one said to the user (a chained traceback ends with it);
+            # the first is kept as the root cause.
+            found.setdefault("root", (line_no, m.group("name")))
+            found["exception"] = (line_no, m.group("name"))
+        elif _USAGE_ERROR.match(body):
+            found.setdefault("usage", (line_no, ""))
+        elif _TRACEBACK.match(body):
+            found.setdefault("traceback", (line_no, ""))
+        elif _LEVEL_ERROR.match(line) and not rest.startswith((" ", "\t")):  # not a traceback's frame
+            found.setdefault("error", (line_no, ""))
+        elif _EXITED.search(body):
+            found.setdefault("exited", (line_no, ""))
+    for signal in ("exception", "usage", "error", "exited", "traceback"):
+        if signal in found:
+            line_no, name = found[signal]
+            text = lines[line_no - 1].strip()
+            if signal == "exception" and _PYDANTIC.search(text):
+                # The message is on the next lines: quote the field and its problem with it.
+                more = [_body(x) for x in lines[line_no:line_no + 2] if _body(x)]
+                text = " / ".join([text, *more])
+            words = {"signal": signal, **({"exception": name} if signal == "exception" else {})}
+            root_no, _ = found.get("root", (line_no, ""))
+            if signal == "exception" and root_no != line_no:
+                words["root_cause"] = quote(lines[root_no - 1])
+                words["root_cause_line"] = str(root_no)
+            return LogError("startup_failed", line_no, quote(text), {}, words)
+    return None
+
+
+def _kv_heads(error: LogError, args: dict[str, Any]) -> LogError | None:
+    """``N is not divisible by M`` is the KV-head split only when one side is --tensor-parallel-size
+    (QKVParallelLinear divides tp by the KV heads, or the KV heads by tp)."""
+    tp = args.get("tensor_parallel_size")
+    a, b = int(error.numbers["numerator"]), int(error.numbers["denominator"])
+    if not isinstance(tp, int) or tp < 2 or tp not in (a, b):
+        return None
+    kv = b if a == tp else a
+    return replace(error, numbers={"tensor_parallel_size": float(tp), "num_key_value_heads": float(kv)})
+
+
+def _failed_start(errors: dict[str, LogError], lines: list[str], args: dict[str, Any],
+                  started: int | None) -> dict[str, LogError]:
+    """The errors of a failed start outside the memory family, resolved: dropped in a log whose
+    server came up; a KV-head split only with the server's TP size; an OOM during CUDA-graph capture
+    named so; a gated repo is not also "not found"; a pydantic field error; and, when no known error
+    explains the failure, the line that does (``startup_failed``)."""
+    if started is not None:
+        return {k: e for k, e in errors.items() if k not in FAILED_START_KINDS}
+    if "tp_kv_heads" in errors:
+        resolved = _kv_heads(errors.pop("tp_kv_heads"), args)
+        if resolved is not None:
+            errors["tp_kv_heads"] = resolved
+    oom = errors.get("cuda_oom")
+    if oom is not None:
+        capture = next((i for i in range(oom.line_no - 1, 0, -1) if _CAPTURING.search(lines[i - 1])
+                        or _CAPTURED.search(lines[i - 1])), None)
+        if capture is not None and _CAPTURING.search(lines[capture - 1]):
+            errors["cuda_graph_oom"] = replace(errors.pop("cuda_oom"), kind="cuda_graph_oom")
+    if "model_gated" in errors:
+        errors.pop("model_not_found", None)
+    known = set(errors) - {"engine_dead"}
+    if not known and (field_error := _pydantic_field(lines)) is not None:
+        errors["invalid_argument"] = field_error
+    elif not known and (failure := failure_line(lines)) is not None:
+        if "engine_dead" not in errors or "exception" in failure.words:
+            errors.pop("engine_dead", None)
+            errors["startup_failed"] = failure
+    return errors
+
+
 def parse_log(text: str) -> LogFacts:
     errors: dict[str, LogError] = {}
     version = None
@@ -132,19 +342,23 @@ def parse_log(text: str) -> LogFacts:
     available = tokens = concurrency = None
     causes: dict[str, LogError] = {}
     serving: int | None = None
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    started: int | None = None
+    lines = text.splitlines()
+    for line_no, line in enumerate(lines, start=1):
         if serving is None and _SERVING.search(line):
             serving = line_no
+        if started is None and _STARTED.search(line):
+            started = line_no
         for kind, pattern in CAUSE_PATTERNS:
             if kind not in causes and pattern.search(line):
-                causes[kind] = LogError(kind, line_no, line.strip()[-400:])
+                causes[kind] = LogError(kind, line_no, inert(line.strip())[-400:])
         for kind, pattern in ERROR_PATTERNS:
             if kind in errors:
                 continue
             m = pattern.search(line)
             if m:
-                numbers = {k: float(v) for k, v in m.groupdict().items() if v is not None}
-                errors[kind] = LogError(kind, line_no, line.strip()[-600:], numbers)
+                numbers, words = _numbers_and_words(m.groupdict())
+                errors[kind] = LogError(kind, line_no, quote(line), numbers, words)
         if version is None and (m := _VERSION.search(line)):
             version = m.group(1)
         if not args and (m := _NON_DEFAULT.search(line)):
@@ -155,13 +369,15 @@ def parse_log(text: str) -> LogFacts:
             tokens = int(m.group(1).replace(",", ""))
         if m := _CONCURRENCY.search(line):
             concurrency = float(m.group(2))
+    errors = _failed_start(errors, lines, args, started)
     # A generic OOM or engine death is only worth its own line when nothing more specific matched.
     specific = [e for k, e in errors.items() if k not in ("cuda_oom", "engine_dead")]
     ordered = specific or list(errors.values())
     if specific and "cuda_oom" in errors and not any(e.kind.startswith("oom_") for e in specific):
         ordered.append(errors["cuda_oom"])
     facts = LogFacts(tuple(sorted(ordered, key=lambda e: e.line_no)), version, args, available, tokens, concurrency,
-                     serving, tuple(sorted(causes.values(), key=lambda e: e.line_no)))
+                     serving, tuple(sorted(causes.values(), key=lambda e: e.line_no)),
+                     sum(1 for line in lines if line.strip()), started)
     if facts.died_serving() is not None:
         # A death after startup is the runtime-death finding's, not a startup error.
         facts = replace(facts, errors=tuple(e for e in facts.errors if e.kind not in ("engine_dead", "cuda_oom")))

