@@ -78,8 +78,9 @@ def test_fleet_cli_lists_both_instances(live: tuple[PrometheusServer, str, str])
     assert by_instance[sim]["generation_tokens_per_s"] > 0
     assert by_instance[real]["generation_tokens_per_s"] == 0
     # Bounded: the same queries whatever the fleet's size: the scrape interval, discovery (up and
-    # models), one per table column, one for every instance's raw series.
-    assert report["queries"] == 1 + 2 + len(FLEET_COLUMNS) + 1
+    # models), one per table column, one for every instance's raw series, and the GPU join (the
+    # targets with their labels, the DCGM series).
+    assert report["queries"] == 1 + 2 + len(FLEET_COLUMNS) + 1 + 2
     text = cli("fleet", "--prometheus", prom.url, "--since", "1m")
     assert text.returncode == 0 and real in text.stdout and sim in text.stdout
 
