@@ -117,3 +117,21 @@ def test_a_throttled_gpu_is_not_also_called_saturated() -> None:
 def test_no_gpu_reading_judges_nothing() -> None:
     ctx = prepare(steady(20, running=64, waiting=12, usage=0.97))
     assert gpu.gpu_throttled(ctx) == [] and gpu.gpu_saturated(ctx) == []
+
+
+def test_saturation_needs_every_gate_waiting_utilisation_and_power() -> None:
+    """The sceptic's mutations: each gate of gpu_saturated alone must keep it quiet. DRAWN with nobody
+    waiting; DRAWN at 60 % utilisation; DRAWN at 560 W of 700 (80 %, under the 90 % asked)."""
+    nobody = prepare(steady(20, running=64, waiting=0, usage=0.5), gpus=gpu_readings(20, **DRAWN))
+    assert gpu.gpu_saturated(nobody) == []
+    for reading in (dict(DRAWN, utilization_gpu_perc=0.6), dict(DRAWN, power_watts=560.0)):
+        ctx = prepare(steady(20, running=64, waiting=12, usage=0.5), gpus=gpu_readings(20, **reading))
+        assert gpu.gpu_saturated(ctx) == [], reading
+
+
+def test_throttled_in_exactly_half_the_readings_is_throttled_from_the_first_throttled_one() -> None:
+    """5 healthy readings, then 5 hot ones: half (the share is "at least"), and the finding's time
+    range begins at the first throttled reading (t = 5 s), not at the first reading."""
+    readings = gpu_readings(10, **HEALTHY)[:5] + gpu_readings(10, **HOT)[5:]
+    [finding] = gpu.gpu_throttled(prepare(steady(10), gpus=readings))
+    assert finding.time_range == (5.0, 9.0)

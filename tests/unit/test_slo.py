@@ -127,3 +127,16 @@ def test_the_fleet_table_frame_has_the_goodput_column() -> None:
     df = fleet_view.frame([FleetRow("a:8000", "m", True, {}, slo=slo)], "http://prometheus:9090", "")
     assert df.loc[0, "goodput"] == "≥ 90.0 %"
     assert "goodput" in fleet_view.column_config()
+
+
+def test_the_verdict_is_the_most_severe_finding_whatever_their_order() -> None:
+    from diagnostics.core.diagnosis.types import Finding
+    from diagnostics.core.diagnosis.verdict import verdict
+
+    warning = Finding(id="queue_at_cap", severity="warning", title="queue", evidence={})
+    critical = Finding(id="server_down", severity="critical", title="down", evidence={})
+    info = Finding(id="itl_budget_unset", severity="info", title="no budget", evidence={})
+    for order in ([warning, critical, info], [info, critical, warning]):
+        v = verdict(order)
+        assert (v.severity, v.finding_id, v.title, v.num_findings) == ("critical", "server_down", "down", 2)
+    assert verdict([info]).healthy and verdict([]).finding_id is None
