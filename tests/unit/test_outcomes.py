@@ -238,3 +238,11 @@ def test_thresholds_move_the_rules() -> None:
     history = seconds(10, http=(8, 0, 0), finished=(0, 5, 0, 0), waiting=3, running=4)
     strict = Thresholds(gave_up_min_share=0.5)
     assert "clients_gave_up" not in [f.id for f in diagnose(prepare(history, thresholds=strict))]
+
+
+def test_a_tenth_given_up_and_two_percent_refused_are_each_a_finding() -> None:
+    """The share thresholds from below (the sceptic's mutations raised them unseen): 10 of every 100
+    answers never finished under a queue (5 % is the line), and 2 of every 100 requests refused
+    with a 4xx (1 % is the line)."""
+    assert "clients_gave_up" in ids(seconds(11, http=(100, 0, 0), finished=(0, 90, 0, 0), running=4, waiting=6))
+    assert "requests_rejected" in ids(seconds(11, http=(98, 2, 0), finished=(0, 98, 0, 0), running=4))
