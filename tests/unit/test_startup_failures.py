@@ -209,3 +209,17 @@ def test_the_command_line_sets_a_switch_alone_and_replaces_a_missing_model() -> 
                              "on 'https://huggingface.co/models'\n")
     diff = command_diff(KnownFlags(model="nobody/x"), missing.suggestions[:1])
     assert (diff.before, diff.after) == ("vllm serve nobody/x", "vllm serve <a model that exists>")
+
+
+def test_tensor_parallel_advice_is_the_largest_size_that_divides_the_heads() -> None:
+    """The real TP log with 14 heads over a TP of 4 written in: 3 does not divide 14, 2 does (the
+    real logs' 4 heads over 3 and 5 over 2 give 2 and 1, which "one less" would give too)."""
+    text = (STARTUP / "tp_heads_tiny.log").read_text().replace(
+        "attention heads (4) must be divisible by tensor parallel size (3)",
+        "attention heads (14) must be divisible by tensor parallel size (4)").replace(
+        "'tensor_parallel_size': 3", "'tensor_parallel_size': 4")
+    assert "attention heads (14)" in text
+    first = _top(text)
+    assert first.id == "startup_tp_attention_heads"
+    assert (first.suggestions[0].flag, first.suggestions[0].direction, first.suggestions[0].value) == (
+        "--tensor-parallel-size", "decrease", 2)
