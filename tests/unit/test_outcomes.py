@@ -246,3 +246,37 @@ def test_a_tenth_given_up_and_two_percent_refused_are_each_a_finding() -> None:
     with a 4xx (1 % is the line)."""
     assert "clients_gave_up" in ids(seconds(11, http=(100, 0, 0), finished=(0, 90, 0, 0), running=4, waiting=6))
     assert "requests_rejected" in ids(seconds(11, http=(98, 2, 0), finished=(0, 98, 0, 0), running=4))
+
+
+# -- the sceptic's surviving mutations ------------------------------------------------------------
+
+
+def _ttft_above(body: str, t: int, above: bool) -> str:
+    """Each second 5 first tokens, all over 1 s (the +Inf bucket of le 0.1, 1.0) or all under 0.1 s."""
+    n = 5.0 * t
+    counts = (0.0, 0.0, n) if above else (n, n, n)
+    out = [line for line in body.splitlines() if "time_to_first_token_seconds" not in line]
+    for le, c in zip(("0.1", "1.0", "+Inf"), counts):
+        out.append(f'vllm:time_to_first_token_seconds_bucket{{engine="0",model_name="m",le="{le}"}} {c}')
+    out += [f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {n}',
+            f'vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {n * (2.0 if above else 0.05)}']
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("above", [True, False], ids=["TTFT over 1 s", "TTFT under 0.1 s"])
+def test_clients_waited_when_the_ttft_says_so_though_the_waiting_gauge_read_zero(above: bool) -> None:
+    """The waiting gauge read 0 at every scrape (it can miss a queue between them), yet every first
+    token took over 1 s (the gave_up_wait_seconds line): the clients were made to wait, so capacity is
+    the fix. With first tokens under 0.1 s nobody waited: their timeout is shorter than an answer."""
+    history = [Scrape(float(t), parse_snapshot(_ttft_above(text(http=(8 * t, 0, 0), finished=(0, 5 * t, 0, 0),
+                                                                gen=50 * t, running=4), t, above))) for t in range(10)]
+    found = outcome(history, "clients_gave_up", max_num_seqs=4)
+    assert found.evidence["max_num_requests_waiting"] == 0
+    if above:
+        assert "queued at the batch cap of 4" in found.title
+        # How many waited is unknown (the gauge read 0): a larger batch, without a value.
+        assert [(s.flag, s.value) for s in found.suggestions] == [("--max-num-seqs", None),
+                                                                  ("--max-num-queued-reqs", 4)]
+        assert found.suggestions[0].why.startswith("Requests waited behind a batch of 4 (TTFT p95 >")
+    else:
+        assert "timeout is shorter" in found.title and found.suggestions == ()
