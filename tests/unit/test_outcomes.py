@@ -317,25 +317,32 @@ def test_an_engine_that_died_while_serving_cut_the_answers_nobody_gave_up() -> N
     assert "clients_gave_up" not in ids(history, log_text=log)
 
 
-def _ttft_above(body: str, t: int, above: bool) -> str:
-    """Each second 5 first tokens, all over 1 s (the +Inf bucket of le 0.1, 1.0) or all under 0.1 s."""
+def _waited(body: str, t: int, metric: str, above: bool) -> str:
+    """Each second 5 observations of ``metric`` (bounds 0.1 and 1.0 s): all over 1 s (the +Inf
+    bucket), or all under 0.1 s."""
     n = 5.0 * t
     counts = (0.0, 0.0, n) if above else (n, n, n)
-    out = [line for line in body.splitlines() if "time_to_first_token_seconds" not in line]
+    name = f"vllm:{metric}"
+    out = [line for line in body.splitlines() if metric not in line]
     for le, c in zip(("0.1", "1.0", "+Inf"), counts):
-        out.append(f'vllm:time_to_first_token_seconds_bucket{{engine="0",model_name="m",le="{le}"}} {c}')
-    out += [f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {n}',
-            f'vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {n * (2.0 if above else 0.05)}']
+        out.append(f'{name}_bucket{{engine="0",model_name="m",le="{le}"}} {c}')
+    out += [f'{name}_count{{engine="0",model_name="m"}} {n}',
+            f'{name}_sum{{engine="0",model_name="m"}} {n * (2.0 if above else 0.05)}']
     return "\n".join(out) + "\n"
 
 
-@pytest.mark.parametrize("above", [True, False], ids=["TTFT over 1 s", "TTFT under 0.1 s"])
-def test_clients_waited_when_the_ttft_says_so_though_the_waiting_gauge_read_zero(above: bool) -> None:
+@pytest.mark.parametrize(("metric", "above"), [("time_to_first_token_seconds", True),
+                                               ("request_queue_time_seconds", True),
+                                               ("time_to_first_token_seconds", False)],
+                         ids=["TTFT over 1 s", "queue time over 1 s", "TTFT under 0.1 s"])
+def test_clients_waited_when_the_ttft_says_so_though_the_waiting_gauge_read_zero(metric: str, above: bool) -> None:
     """The waiting gauge read 0 at every scrape (it can miss a queue between them), yet every first
-    token took over 1 s (the gave_up_wait_seconds line): the clients were made to wait, so capacity is
-    the fix. With first tokens under 0.1 s nobody waited: their timeout is shorter than an answer."""
-    history = [Scrape(float(t), parse_snapshot(_ttft_above(text(http=(8 * t, 0, 0), finished=(0, 5 * t, 0, 0),
-                                                                gen=50 * t, running=4), t, above))) for t in range(10)]
+    token (or every request's time in the queue) took over 1 s (the gave_up_wait_seconds line): the
+    clients were made to wait, so capacity is the fix. With first tokens under 0.1 s nobody waited:
+    their timeout is shorter than an answer takes."""
+    history = [Scrape(float(t), parse_snapshot(_waited(text(http=(8 * t, 0, 0), finished=(0, 5 * t, 0, 0),
+                                                            gen=50 * t, running=4), t, metric, above)))
+               for t in range(10)]
     found = outcome(history, "clients_gave_up", max_num_seqs=4)
     assert found.evidence["max_num_requests_waiting"] == 0
     if above:
@@ -343,6 +350,7 @@ def test_clients_waited_when_the_ttft_says_so_though_the_waiting_gauge_read_zero
         # How many waited is unknown (the gauge read 0): a larger batch, without a value.
         assert [(s.flag, s.value) for s in found.suggestions] == [("--max-num-seqs", None),
                                                                   ("--max-num-queued-reqs", 4)]
-        assert found.suggestions[0].why.startswith("Requests waited behind a batch of 4 (TTFT p95 >")
+        name = "TTFT" if metric.startswith("time_to_first") else "queue"
+        assert found.suggestions[0].why.startswith(f"Requests waited behind a batch of 4 ({name} p95 >")
     else:
         assert "timeout is shorter" in found.title and found.suggestions == ()
