@@ -137,3 +137,38 @@ def test_a_recording_round_trips_the_devices_and_skips_malformed_ones() -> None:
     assert reading == GpuReading((HOT,), source="NVML")
     legacy = GpuReading.from_json([{"index": 0, "name": "NVIDIA H200", "memory_used_bytes": 1, "memory_total_bytes": 2}])
     assert legacy == GpuReading((GpuDevice(0, "NVIDIA H200", 1, 2),))
+
+
+class NVMLError_FunctionNotFound(NVMLError):  # noqa: N801 - nvidia-ml-py's spelling
+    def __init__(self) -> None:
+        super().__init__(13, "Function Not Found")
+
+
+def _raises(error: Exception) -> object:
+    def call(*_: object) -> None:
+        raise error
+    return call
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetPowerUsage", "nvmlDeviceGetCurrentClocksEventReasons",
+                                  "nvmlDeviceGetTemperatureThreshold", "nvmlDeviceGetUUID"])
+def test_a_lost_gpu_in_an_optional_query_fails_the_reading_not_just_the_field(
+    monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """Only "not supported" (and "function not found") leave a field None: a GPU that fell off the bus
+    (NVML_ERROR_GPU_IS_LOST, 15) in any query is the reading's failure, never a device that reads
+    as having no power draw, no reasons or no thresholds."""
+    module = fake_pynvml()
+    setattr(module, call, _raises(NVMLError(15, "GPU is lost")))
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    assert nvml.read_gpus() == GpuReading(unavailable="NVML query failed (GPU is lost)", source="NVML")
+
+
+def test_a_function_the_drivers_library_lacks_leaves_its_field_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = fake_pynvml()
+    module.NVMLError_FunctionNotFound = NVMLError_FunctionNotFound  # type: ignore[attr-defined]
+    module.nvmlDeviceGetTemperatureThreshold = _raises(NVMLError_FunctionNotFound())  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    hot = nvml.read_gpus().devices[0]
+    assert (hot.temperature_slowdown_celsius, hot.temperature_shutdown_celsius) == (None, None)
+    assert (hot.temperature_celsius, hot.power_watts) == (89.0, 512.314)

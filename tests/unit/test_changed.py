@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from diagnostics.core.diagnosis import Budgets, Finding, Thresholds, diagnose, prepare
+from diagnostics.core.diagnosis.rules import changes
 from diagnostics.core.diagnosis.rules.changes import parts
 from tests.unit.synth import cumulative
 
@@ -16,9 +19,11 @@ SLOW = [0.0] * 4 + [200.0] + [0.0] * 9  # 200 gaps a second in (75, 100] ms
 
 
 def changed_window(seconds: int = 30, slow_from: int = 15, *, running_after: float = 4, prompt_after: float = 100,
-            slow: Sequence[float] = SLOW) -> list:
-    per_second = [{"gen": 200.0, "prompt": 100.0 if t < slow_from else prompt_after,
-                   "itl_counts": FAST if t < slow_from else list(slow),
+            slow: Sequence[float] = SLOW, fast: Sequence[float] = FAST, prompt_before: float = 100,
+            gen_after: float = 200) -> list:
+    per_second = [{"gen": 200.0 if t < slow_from else gen_after,
+                   "prompt": prompt_before if t < slow_from else prompt_after,
+                   "itl_counts": list(fast) if t < slow_from else list(slow),
                    "running": 4.0 if t < slow_from else running_after, "usage": 0.2} for t in range(seconds)]
     return cumulative(per_second)
 
@@ -103,3 +108,63 @@ def test_a_tail_that_rises_while_p95_holds_is_a_change_on_enough_gaps() -> None:
     assert finding.evidence["itl_p99_after"] >= 0.3
     few = Thresholds(change_min_itl_tail_observations=5000)  # 10 s × 200 gaps: under it, no p99 judged
     assert _changed(diagnose(prepare(changed_window(slow=tail), thresholds=few))) is None
+
+
+
+# -- the sceptic's surviving mutations ------------------------------------------------------------
+
+
+def test_a_rise_inside_one_bucket_is_not_certain_however_it_interpolates() -> None:
+    """ITL in one bucket, (10, 25] ms, before and after: 189 of 200 gaps a second <= 10 ms and 11 in
+    the bucket early (p95 interpolates to 11.4 ms), 5 and 195 late (24.2 ms). 2.1x as interpolated,
+    yet the buckets cannot say the late p95 is higher at all: no change. Moved to (25, 50] it is."""
+    early = [189.0, 11.0] + [0.0] * 12
+    inside = [5.0, 195.0] + [0.0] * 12
+    assert _changed(diagnose(prepare(changed_window(slow=inside, fast=early)))) is None
+    higher = [5.0, 0.0, 195.0] + [0.0] * 11
+    assert _changed(diagnose(prepare(changed_window(slow=higher, fast=early)))) is not None
+
+
+def test_prompt_tokens_that_start_from_none_are_more_load() -> None:
+    """No prompt tokens at all in the early part, 100 a second in the late one: the load rose (from
+    nothing counts), so the slower ITL is explained by it."""
+    assert _changed(diagnose(prepare(changed_window(prompt_before=0)))) is None
+
+
+def test_tokens_per_second_per_running_request_that_falls_fourfold_is_a_change() -> None:
+    """ITL in its bucket all along, 4 running all along, 200 tokens a second until second 15 and 50
+    after: 200 / 4 = 50 tokens/s per running request before, 50 / 4 = 12.5 after, a 4x fall; it first
+    shows in the interval 14-15 (the first at or under 50 / 2 = 25)."""
+    fewer = [0.0, 50.0] + [0.0] * 12  # the same ITL bucket, as many gaps as tokens
+    finding = _changed(diagnose(prepare(changed_window(slow=fewer, gen_after=50))))
+    assert finding is not None and "itl_p95_before" not in finding.evidence
+    ev = finding.evidence
+    assert (ev["tokens_per_second_per_running_request_before"], ev["tokens_per_second_per_running_request_after"],
+            ev["tokens_per_second_per_running_request_factor"]) == (50.0, 12.5, 4.0)
+    assert ev["changed_since"] == 14.0
+    assert finding.title.startswith("Tokens/s per running request fell 4.0× (50.0 → 12.5)")
+    # Half as many tokens (100 a second, 25 per request) is a 2x fall: at the factor, a change; 120 is not.
+    assert _changed(diagnose(prepare(changed_window(slow=fewer, gen_after=100)))) is not None
+    assert _changed(diagnose(prepare(changed_window(slow=fewer, gen_after=120)))) is None
+
+
+def test_a_window_with_a_stall_has_no_unexplained_change() -> None:
+    """Called alone (diagnose runs it only when no other rule spoke, and the stall rule would): 4
+    running and no token from second 22 to 28 in the late part, the ITL rise as before. The stall
+    explains the numbers; the change rule says nothing."""
+    per_second = [{"gen": 0.0 if 22 <= t <= 28 else 200.0, "prompt": 100.0,
+                   "itl_counts": [0.0] * 14 if 22 <= t <= 28 else (FAST if t < 15 else SLOW),
+                   "running": 4.0, "usage": 0.2} for t in range(30)]
+    ctx = prepare(cumulative(per_second))
+    assert ctx.stalls and parts(ctx) is not None
+    assert changes.unexplained_change(ctx) == []
+    moving = prepare(changed_window())
+    assert not moving.stalls and changes.unexplained_change(moving) != []
+
+
+@pytest.mark.parametrize(("gaps", "expected"), [(5.0, False), (20.0, True)],
+                         ids=["50 late gaps", "200 late gaps"])
+def test_the_late_part_needs_its_own_minimum_of_token_gaps(gaps: float, expected: bool) -> None:
+    """The late third (10 s) with 5 slow gaps a second is 50, under the 100 asked; with 20, 200."""
+    few = [0.0] * 4 + [gaps] + [0.0] * 9
+    assert (_changed(diagnose(prepare(changed_window(slow=few)))) is not None) is expected

@@ -85,3 +85,18 @@ def test_the_devices_round_trip_through_a_recording() -> None:
     devices = parse_dcgm(H100).devices
     back = GpuReading.from_json([d.to_json() for d in devices], "http://gpu-node-7:9400/metrics")
     assert back == GpuReading(devices, source="http://gpu-node-7:9400/metrics")
+
+
+def test_a_nan_sample_is_absent_and_an_older_name_fills_in_for_it() -> None:
+    """dcgm-exporter writes NaN for a field it could not read: the power draw is then unknown (None),
+    and a NaN under the newer reasons name leaves the older name's value (64: HW thermal slowdown)."""
+    labels = 'gpu="0",UUID="GPU-a",device="nvidia0",modelName="NVIDIA H200",Hostname="h"'
+    text = (f"DCGM_FI_DEV_GPU_TEMP{{{labels}}} 88\n"
+            f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} NaN\n"
+            f"DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{{labels}}} NaN\n"
+            f"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{labels}}} 64\n")
+    [device] = parse_dcgm(text).devices
+    assert (device.temperature_celsius, device.power_watts) == (88.0, None)
+    assert device.clock_events == ClockEvent.HW_THERMAL_SLOWDOWN
+    # A device whose only sample is NaN is no device.
+    assert parse_dcgm(f"DCGM_FI_DEV_GPU_TEMP{{{labels}}} NaN\n").devices == ()

@@ -70,3 +70,31 @@ def test_an_instance_no_join_reaches_has_no_reading() -> None:
     joined = join([up("10.0.0.7:8000", pod="vllm-a")], [dcgm("DCGM_FI_DEV_GPU_TEMP", 70, "10.0.0.99:9400", "0",
                                                               Hostname="elsewhere", pod="vllm-z")])
     assert joined == {}
+
+
+def test_pods_of_the_same_name_in_two_namespaces_each_join_their_own_gpu() -> None:
+    """A StatefulSet names its pods alike in every namespace: vllm-0 in team-a and vllm-0 in team-b,
+    on one node. dcgm-exporter (in its own namespace, honor_labels off) maps GPU 0 to team-a/vllm-0 and
+    GPU 1 to team-b/vllm-0: each server gets its own GPU only, by pod."""
+    targets = [up("10.1.0.5:8000", pod="vllm-0", namespace="team-a"),
+               up("10.1.0.6:8000", pod="vllm-0", namespace="team-b")]
+    mapped = {"pod": "dcgm-exporter-x", "namespace": "gpu-operator"}
+    series = [dcgm("DCGM_FI_DEV_GPU_TEMP", 89, "10.2.0.9:9400", "0", exported_pod="vllm-0",
+                   exported_namespace="team-a", **mapped),
+              dcgm("DCGM_FI_DEV_GPU_TEMP", 60, "10.2.0.9:9400", "1", exported_pod="vllm-0",
+                   exported_namespace="team-b", **mapped)]
+    joined = join(targets, series)
+    a, b = joined["10.1.0.5:8000"], joined["10.1.0.6:8000"]
+    assert (a.by, b.by) == ("pod", "pod")
+    assert [(d.index, d.temperature_celsius) for d in a.last.devices] == [(0, 89.0)]  # type: ignore[union-attr]
+    assert [(d.index, d.temperature_celsius) for d in b.last.devices] == [(1, 60.0)]  # type: ignore[union-attr]
+
+
+def test_a_nan_from_prometheus_is_an_unknown_field_not_a_number() -> None:
+    """Prometheus answers a NaN sample as the string "NaN": the field is unknown (None), and the other
+    fields of the device stand."""
+    series = [dcgm("DCGM_FI_DEV_GPU_TEMP", 70, "10.0.0.7:9400", "0"),
+              dcgm("DCGM_FI_DEV_POWER_USAGE", 0, "10.0.0.7:9400", "0")]
+    series[1]["values"] = [[100.0, "NaN"], [115.0, "NaN"]]
+    [device] = join([up("10.0.0.7:8000")], series)["10.0.0.7:8000"].last.devices  # type: ignore[union-attr]
+    assert (device.temperature_celsius, device.power_watts) == (70.0, None)

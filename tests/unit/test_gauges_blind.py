@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.core.diagnosis import Finding, diagnose, prepare
+from diagnostics.core.diagnosis import Finding, Thresholds, diagnose, prepare
 from diagnostics.core.metrics.catalog import parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.recording import Recording, read_lines, read_recording
@@ -157,3 +157,129 @@ def test_a_derived_fixture_is_its_recorded_source_transformed_and_says_so(name: 
     label, source_label = labels()[name], labels()[source]
     assert label == record.derived_label(name, source_label)
     assert label["expect"] == source_label["expect"] and "derived" in label["how"]
+
+
+# -- the histogram path gate by gate --------------------------------------------------------------
+# A synthetic window in vLLM 0.32's shape where the running and waiting gauges read 0 every scrape
+# (tokens flowing: blind) and each second 2 requests finish having queued 2.2 s each (the (2.0, 2.5]
+# bucket of vLLM's queue-time buckets) after a 50 ms prefill, the KV cache 20 % full: the histograms
+# show a queue at the cap. Each test below changes one thing the rule's docstring names.
+
+QUEUE_BOUNDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0)
+
+
+def _queue_lines(long: float, short: float, long_seconds: float = 2.2, short_seconds: float = 0.1) -> list[str]:
+    """request_queue_time_seconds with ``long`` observations of ``long_seconds`` (its bucket) and
+    ``short`` of ``short_seconds`` (≤ 0.3 s), cumulative."""
+    lines, total = [], 0.0
+    for bound in QUEUE_BOUNDS:
+        total = (short if bound >= short_seconds else 0.0) + (long if bound >= long_seconds else 0.0)
+        lines.append(f'vllm:request_queue_time_seconds_bucket{{engine="0",model_name="m",le="{bound}"}} {total}')
+    lines.append(f'vllm:request_queue_time_seconds_bucket{{engine="0",model_name="m",le="+Inf"}} {long + short}')
+    lines.append(f'vllm:request_queue_time_seconds_count{{engine="0",model_name="m"}} {long + short}')
+    lines.append(f'vllm:request_queue_time_seconds_sum{{engine="0",model_name="m"}} '
+                 f'{long * long_seconds + short * short_seconds}')
+    return lines
+
+
+def _blind_queue(seconds: int = 10, *, long: list[float] | None = None, short: list[float] | None = None,
+                 preempt_at: int | None = None, prefill_seconds: float = 0.05, usage: list[float] | None = None,
+                 asleep_at: int | None = None) -> list[Scrape]:
+    """``long[t]`` / ``short[t]``: the requests finished in the second before scrape t (t ≥ 1) that
+    queued 2.2 s / 0.1 s (default 2 and 0); ``preempt_at``: one preemption counted from that scrape;
+    ``usage[t]``: the KV usage gauge; ``asleep_at``: the engine reported asleep at that scrape."""
+    long = long if long is not None else [0.0] + [2.0] * (seconds - 1)
+    short = short if short is not None else [0.0] * seconds
+    usage = usage if usage is not None else [0.2] * seconds
+    history, n_long, n_short = [], 0.0, 0.0
+    for t in range(seconds):
+        n_long, n_short = n_long + long[t], n_short + short[t]
+        done = n_long + n_short
+        body = text(gen=100 * t, prompt=50 * t, running=0, waiting=0, usage=usage[t],
+                    preempt=1 if preempt_at is not None and t >= preempt_at else 0,
+                    finished=(done, 0, 0, 0), prefill_seconds=(done * prefill_seconds, done))
+        body += "\n".join(_queue_lines(n_long, n_short)) + "\n"
+        awake = 0 if asleep_at == t else 1
+        body += (f'vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="awake"}} {awake}\n'
+                 f'vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="weights_offloaded"}} '
+                 f'{1 - awake}\n')
+        history.append(Scrape(float(t), parse_snapshot(body)))
+    return history
+
+
+def _blind_finding(history: list[Scrape], **kw: object) -> Finding | None:
+    ctx = prepare(history, **kw)  # type: ignore[arg-type]
+    assert ctx.gauges_blind
+    return _queue(diagnose(ctx))
+
+
+def test_the_synthetic_blind_queue_is_found_from_the_histograms_and_the_value_is_littles_law() -> None:
+    """18 requests in 9 s (2 a second), each queued 2.2 s: on average 2 × 2.2 = 4.4 waited (Little's
+    law). With --max-num-seqs 4 known, the advice is 4 + ⌈4.4⌉ = 9."""
+    found = _blind_finding(_blind_queue(), max_num_seqs=4)
+    assert found is not None and found.evidence["evidence_basis"] == "histograms"
+    assert (found.evidence["requests_queued_over_min"], found.evidence["requests_finished_in_window"]) == (18, 18)
+    assert found.evidence["estimated_waiting_per_engine"] == 4.4
+    assert found.suggestions[0].value == 9
+    assert found.time_range == (0.0, 9.0)
+
+
+def test_the_advice_rounds_the_waiting_count_up_onto_a_known_cap() -> None:
+    """1 request a second queued 2.2 s, beside 1 that queued 0.1 s: 2 a second × a mean 1.15 s = 2.3
+    waited, ⌈2.3⌉ = 3 on top of the cap of 4 → 7."""
+    found = _blind_finding(_blind_queue(long=[0.0] + [1.0] * 9, short=[0.0] + [1.0] * 9), max_num_seqs=4)
+    assert found is not None and found.suggestions[0].value == 7
+
+
+@pytest.mark.parametrize(("short", "expected"), [(30.0, True), (40.0, False)],
+                         ids=["18 of 288 (6.3 %)", "18 of 378 (4.8 %)"])
+def test_long_queue_times_must_be_a_share_of_the_windows_requests(short: float, expected: bool) -> None:
+    """18 requests queued ≥ 1 s either way (over the 5 needed); beside 30 short ones a second that is
+    6.3 % of the requests, over the 5 % share; beside 40 a second, 4.8 %: too few to say the cap."""
+    history = _blind_queue(short=[0.0] + [short] * 9)
+    assert (_blind_finding(history) is not None) is expected
+
+
+@pytest.mark.parametrize(("share", "expected"), [(0.10, True), (0.12, False)])
+def test_the_share_gate_on_a_real_data_parallel_queue_with_its_gauges_zeroed(share: float, expected: bool) -> None:
+    """queue_cap_dp2_mid (real, two engines), gauges zeroed: 18 of its 165 finished requests queued
+    past the 1 s bucket bound, 10.9 %: found at a 10 % share, not at 12 %."""
+    recording = _zeroed("queue_cap_dp2_mid")
+    ctx = prepare(recording.scrapes(), info=recording.info(), thresholds=Thresholds(hist_queue_share=share))
+    assert (_queue(diagnose(ctx)) is not None) is expected
+
+
+def test_preempted_requests_are_the_kv_caches_not_the_caps() -> None:
+    """One preemption in the window: the waits may be recomputation, never "raise --max-num-seqs"."""
+    assert _blind_finding(_blind_queue(preempt_at=5)) is None
+
+
+def test_a_queue_shorter_than_the_prefill_is_not_the_cap() -> None:
+    """A mean 2.2 s in the queue against a mean 3 s of prefill: the requests waited on long prefills."""
+    assert _blind_finding(_blind_queue(prefill_seconds=3.0)) is None
+    assert _blind_finding(_blind_queue(prefill_seconds=2.0)) is not None
+
+
+@pytest.mark.parametrize(("queued", "expected"), [(range(4, 6), False), (range(4, 8), True)],
+                         ids=["2 s of queueing", "4 s of queueing"])
+def test_the_queue_must_span_queue_min_seconds(queued: range, expected: bool) -> None:
+    """3 long waits a second in the intervals ending at the seconds listed (short ones elsewhere):
+    the intervals 3-5 span 2 s, under the 3 s asked; 3-7 span 4 s."""
+    long = [3.0 if t in queued else 0.0 for t in range(10)]
+    short = [0.0] + [2.0] * 9
+    found = _blind_finding(_blind_queue(long=long, short=short))
+    assert (found is not None) is expected
+    if found is not None:
+        assert found.time_range == (3.0, 7.0)
+
+
+def test_requests_held_by_an_engine_asleep_in_the_window_are_not_the_cap() -> None:
+    assert _blind_finding(_blind_queue(asleep_at=5)) is None
+
+
+@pytest.mark.parametrize(("peak", "expected"), [(0.8, False), (0.75, True)])
+def test_a_kv_cache_at_kv_low_perc_is_not_a_cache_with_room(peak: float, expected: bool) -> None:
+    """The KV usage gauge at 80 % (kv_low_perc) in one scrape: memory may be what queues; at 75 %, not."""
+    usage = [0.2] * 10
+    usage[5] = peak
+    assert (_blind_finding(_blind_queue(usage=usage)) is not None) is expected

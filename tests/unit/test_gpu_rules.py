@@ -135,3 +135,50 @@ def test_throttled_in_exactly_half_the_readings_is_throttled_from_the_first_thro
     readings = gpu_readings(10, **HEALTHY)[:5] + gpu_readings(10, **HOT)[5:]
     [finding] = gpu.gpu_throttled(prepare(steady(10), gpus=readings))
     assert finding.time_range == (5.0, 9.0)
+
+
+def test_hw_slowdown_beside_a_power_reason_is_power_even_past_the_slowdown_temperature() -> None:
+    """HW slowdown is heat or an external power brake: with the SW power cap set beside it the power
+    side holds the clock, though the card reads 89 °C over its 87 °C slowdown."""
+    braked = dict(HOT, clock_events=ClockEvent.HW_SLOWDOWN | ClockEvent.SW_POWER_CAP, power_watts=699.0,
+                  power_limit_watts=700.0)
+    [finding] = gpu.gpu_throttled(prepare(steady(10), gpus=gpu_readings(10, **braked)))
+    assert "held at its power limit" in finding.title and "699 W of 700 W" in finding.title
+    assert finding.checks[0].startswith("No vLLM flag raises a power limit")
+
+
+def test_hw_slowdown_at_exactly_the_slowdown_temperature_is_thermal() -> None:
+    """NVML's slowdown threshold is the temperature at which the GPU slows: 87 °C of 87 is there."""
+    at = dict(HOT, clock_events=ClockEvent.HW_SLOWDOWN, temperature_celsius=87.0)
+    [finding] = gpu.gpu_throttled(prepare(steady(10), gpus=gpu_readings(10, **at)))
+    assert "thermally throttled" in finding.title and "87 °C (slowdown at 87 °C)" in finding.title
+
+
+def _varying(**per_reading: list[float]) -> list:  # type: ignore[type-arg]
+    """One reading a second whose named fields take the listed values in turn (the rest HOT's)."""
+    n = len(next(iter(per_reading.values())))
+    return [gpu_readings(n, **dict(HOT, **{k: v[i] for k, v in per_reading.items()}))[i] for i in range(n)]
+
+
+def test_the_throttle_finding_quotes_the_windows_median_not_its_last_reading() -> None:
+    """Nine readings. Clocks 1980 1100 1275 1275 1300 1200 1250 1275 1500: sorted, the fifth is 1275
+    (the last is 1500, the mean 1351). Temperatures 86 95 89 88 90 89 91 89 97: median 89 (last 97,
+    mean 90.4)."""
+    readings = _varying(sm_clock_mhz=[1980, 1100, 1275, 1275, 1300, 1200, 1250, 1275, 1500],
+                        temperature_celsius=[86, 95, 89, 88, 90, 89, 91, 89, 97])
+    [finding] = gpu.gpu_throttled(prepare(steady(9), gpus=readings))
+    assert "SM clock 1275 MHz of 1980 (64 %)" in finding.title and "89 °C (slowdown at 87 °C)" in finding.title
+    assert (finding.evidence["sm_clock_mhz"], finding.evidence["temperature_celsius"]) == (1275, 89)
+
+
+def test_saturation_is_judged_on_the_median_utilisation_not_the_last_reading() -> None:
+    """Nine readings at 97 % but the last at 50 %: the median is 97 %, saturated. Nine at 50 % but the
+    last at 97 %: the median is 50 %, not."""
+    waiting = steady(9, running=64, waiting=12, usage=0.5)
+    mostly_busy = [gpu_readings(9, **dict(DRAWN, utilization_gpu_perc=u))[i]
+                   for i, u in enumerate([0.97] * 8 + [0.5])]
+    [finding] = gpu.gpu_saturated(prepare(waiting, gpus=mostly_busy))
+    assert "busy 97 % of the time" in finding.title
+    mostly_idle = [gpu_readings(9, **dict(DRAWN, utilization_gpu_perc=u))[i]
+                   for i, u in enumerate([0.5] * 8 + [0.97])]
+    assert gpu.gpu_saturated(prepare(waiting, gpus=mostly_idle)) == []

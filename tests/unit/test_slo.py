@@ -12,6 +12,7 @@ import pytest
 from diagnostics.core.metrics.catalog import Histogram
 from diagnostics.core.metrics.slo import Attainment, SloAttainment, attainment, slo_attainment
 from diagnostics.recording import read_recording
+from tests.unit.synth import scrape
 
 # 100 observations: 10 ≤ 0.1 s, 60 in (0.1, 0.5], 20 in (0.5, 1.0], 10 above.
 HIST = Histogram((0.1, 0.5, 1.0, float("inf")), (10.0, 70.0, 90.0, 100.0), 50.0, 100.0)
@@ -140,3 +141,24 @@ def test_the_verdict_is_the_most_severe_finding_whatever_their_order() -> None:
         v = verdict(order)
         assert (v.severity, v.finding_id, v.title, v.num_findings) == ("critical", "server_down", "down", 2)
     assert verdict([info]).healthy and verdict([]).finding_id is None
+
+
+def test_an_at_most_share_is_rounded_up_and_an_at_least_share_down() -> None:
+    """2,000 of 3,000 at or below the bound under the budget (66.67 %: "≥ 66.6 %") and 2,701 at or
+    below the bound over it (90.03 %: "≤ 90.1 %", never the 90.0 % it is not under); in the first
+    bucket, 301 of 3,000 (10.03 %) is "≤ 10.1 %"."""
+    between = Attainment(0.3, "request", 3000.0, 0.25, 2000.0, 0.5, 2701.0)
+    assert between.text() == ("≥ 66.6 % of requests within 250 ms, the bucket bound ≤ the 300 ms budget "
+                              "(≤ 90.1 % within it)")
+    first = Attainment(0.05, "request", 3000.0, None, 0.0, 0.1, 301.0)
+    assert first.text().startswith("≤ 10.1 % of requests within 50 ms")
+
+
+def test_errors_and_aborts_are_each_their_own_share_of_the_finished_requests() -> None:
+    """Between two scrapes 80 stopped, 10 at length, 7 aborted, 3 errors: 100 finished, 3 % errors
+    and 7 % aborted, read from request_success's finished_reason labels."""
+    slo = slo_attainment([scrape(0.0, finished=(0, 0, 0, 0)), scrape(1.0, finished=(80, 10, 7, 3))], 1000.0, None)
+    assert slo is not None
+    assert (slo.num_requests_finished, slo.num_errors, slo.num_aborted) == (100.0, 3.0, 7.0)
+    assert (slo.error_share, slo.abort_share) == (pytest.approx(0.03), pytest.approx(0.07))
+    assert slo.text().endswith("errors 3.0 % of 100 finished, aborted 7.0 %")

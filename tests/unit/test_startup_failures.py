@@ -223,3 +223,103 @@ def test_tensor_parallel_advice_is_the_largest_size_that_divides_the_heads() -> 
     assert first.id == "startup_tp_attention_heads"
     assert (first.suggestions[0].flag, first.suggestions[0].direction, first.suggestions[0].value) == (
         "--tensor-parallel-size", "decrease", 2)
+
+
+# The line each real failed start quotes, counted by hand in the file (grep -n on the message):
+# the first line that carries a known error, the problem line of a pydantic field error, and for an
+# unknown error the last exception the traceback ends with.
+QUOTED_LINE = {
+    "batched_below_len_mid": 53, "batched_below_len_tiny": 53, "batched_below_seqs_mid": 53,
+    "batched_below_seqs_tiny": 53, "block_size_48": 85, "block_size_80": 85, "block_size_negative": 53,
+    "block_size_zero": 53, "dtype_float64": 296, "kv_cache_dtype_int4": 296, "max_model_len_mid": 54,
+    "max_model_len_tiny": 54, "model_missing_path": 50, "model_missing_repo": 60, "port_in_use_mid": 36,
+    "port_in_use_tiny": 36, "tp_heads_tiny": 53, "tp_heads_wide": 53, "trust_remote_code_mid": 11,
+    "trust_remote_code_tiny": 11, "unknown_architecture": 51, "unknown_truncated_config": 72,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LABELS))
+def test_a_real_failed_start_quotes_the_exact_line_of_its_message(name: str) -> None:
+    """Not a window around it: the finding's log_line is the line (1-based) the message is on."""
+    assert set(QUOTED_LINE) == set(LABELS)
+    text = (STARTUP / LABELS[name]["file"]).read_text()
+    first = _top(text)
+    assert first.evidence["log_line"] == QUOTED_LINE[name]
+    lines = text.splitlines()
+    line = lines[QUOTED_LINE[name] - 1]
+    # A pydantic ValidationError's message is on the line after the exception's.
+    assert LABELS[name]["quote"] in line or (
+        "validation error for" in line and LABELS[name]["quote"] in lines[QUOTED_LINE[name]])
+
+
+# Every suggestion of the classes that have several, from the numbers of each real log's message.
+ALL_SUGGESTIONS = {
+    # max_num_batched_tokens (B) is smaller than max_model_len (L), chunked prefill off: B up to L,
+    # or chunked prefill on, or L down to B.
+    "batched_below_len_mid": [("--max-num-batched-tokens", "increase", 1024), ("--enable-chunked-prefill", "set", None),
+                              ("--max-model-len", "decrease", 256)],
+    "batched_below_len_tiny": [("--max-num-batched-tokens", "increase", 2048),
+                               ("--enable-chunked-prefill", "set", None), ("--max-model-len", "decrease", 512)],
+    # max_num_batched_tokens (B) below max_num_seqs (S): B up to S, or S down to B.
+    "batched_below_seqs_mid": [("--max-num-batched-tokens", "increase", 256), ("--max-num-seqs", "decrease", 100)],
+    "batched_below_seqs_tiny": [("--max-num-batched-tokens", "increase", 64), ("--max-num-seqs", "decrease", 32)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_SUGGESTIONS))
+def test_every_suggestion_of_a_real_failed_start_with_several_is_the_one_its_message_gives(name: str) -> None:
+    first = _top((STARTUP / LABELS[name]["file"]).read_text())
+    assert [(s.flag, s.direction, s.value) for s in first.suggestions] == ALL_SUGGESTIONS[name]
+
+
+def test_a_cuda_graph_oom_offers_less_memory_fewer_graphs_or_none() -> None:
+    first = _top(CUDA_GRAPH_OOM)
+    assert [(s.flag, s.direction, s.value) for s in first.suggestions] == [
+        ("--gpu-memory-utilization", "decrease", None), ("--max-cudagraph-capture-size", "decrease", None),
+        ("--enforce-eager", "set", None)]
+
+
+def test_kv_heads_fewer_than_the_tp_size_are_replicated_on_a_multiple_of_them() -> None:
+    """vllm QKVParallelLinear with tp >= the KV heads: divide(tp, kv_heads). 2 KV heads over a TP of 5
+    fails; a TP of 4 replicates each head on 2 GPUs, so 4 is the largest size below 5 that works
+    (the largest divisor of 2 would be 2)."""
+    text = (VERSION + "(APIServer pid=7) INFO 12-01 10:00:00 [utils.py:286] non-default args: "
+            "{'model': 'm', 'tensor_parallel_size': 5}\n" + _engine_log("AssertionError: 5 is not divisible by 2"))
+    first = _top(text)
+    assert first.id == "startup_tp_kv_heads"
+    assert (first.evidence["tensor_parallel_size"], first.evidence["num_key_value_heads"]) == (5, 2)
+    assert (first.suggestions[0].flag, first.suggestions[0].direction, first.suggestions[0].value) == (
+        "--tensor-parallel-size", "decrease", 4)
+
+
+def test_a_gated_repo_is_named_gated_and_not_also_not_found() -> None:
+    """transformers' cached_file turns huggingface_hub's GatedRepoError into an OSError, which vLLM's
+    get_config re-raises as "Invalid repository ID or local directory specified" (a not-found
+    message): the repo exists, so the one finding is the gated one."""
+    text = (VERSION
+            + "Traceback (most recent call last):\n"
+            + "huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-abc)\n\n"
+            + "Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3.1-8B/resolve/main/"
+              "config.json.\n"
+            + "OSError: You are trying to access a gated repo.\n"
+            + "The above exception was the direct cause of the following exception:\n\n"
+            + "ValueError: Invalid repository ID or local directory specified: 'meta-llama/Llama-3.1-8B'.\n")
+    assert parse_log(text.replace("GatedRepoError: 401 Client Error", "X").replace("Cannot access gated", "X")
+                     .replace("access a gated repo", "X")).first("model_not_found") is not None
+    findings = [f for f in diagnose(prepare([], log_text=text)) if f.severity != "info"]
+    assert [f.id for f in findings] == ["startup_model_gated"]
+    assert findings[0].suggestions[0].flag == "--hf-token"
+
+
+def test_a_known_error_before_application_startup_complete_is_no_finding_once_the_server_came_up() -> None:
+    """vLLM retries parsing a config (repo_utils.py: "Error parsing config ... contains custom code ...,
+    retrying 1 of 2", over three lines): its first ERROR line, the real one of trust_remote_code_mid.log, in the real log of
+    a server that then came up says nothing is wrong — and without the start, it is the finding."""
+    retry = (STARTUP / "trust_remote_code_mid.log").read_text().splitlines()[10]
+    assert "Error parsing config" in retry and "contains custom code" in retry
+    lines = (FIXTURES / "incidents" / "engine_killed.log").read_text().splitlines()
+    up = next(i for i, line in enumerate(lines) if "Application startup complete" in line)
+    started = "\n".join([*lines[:5], retry, *lines[5: up + 1]]) + "\n"
+    assert diagnose(prepare([], log_text=started)) == []
+    cut = "\n".join([*lines[:5], retry]) + "\n"
+    assert _top(cut).id == "startup_trust_remote_code"

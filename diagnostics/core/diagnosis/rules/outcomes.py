@@ -163,9 +163,12 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
         suggestions = tuple(suggest_more_kv(flags, t, None))
     else:
         cause = f"requests queued at the batch cap of {cap:.0f} with the KV cache ≤ {usage * 100:.0f} % full"
+        # The waiting gauge can read 0 at every scrape while the TTFT says requests waited: how many is
+        # then unknown, so no value (cap + 0 would be the current cap, a change that changes nothing).
+        who = f"Up to {waiting:.0f} requests" if waiting else "Requests"
         suggestions = (
-            Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap else None,
-                       f"Up to {waiting:.0f} requests waited behind a batch of {cap:.0f} ({wait_words or 'the queue'}): "
+            Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap and waiting else None,
+                       f"{who} waited behind a batch of {cap:.0f} ({wait_words or 'the queue'}): "
                        "a larger batch serves them before their clients give up."),
             Suggestion("--max-num-queued-reqs", "set", int(cap) if cap else None,
                        "Or shed early: past this many waiting, vLLM answers a fast 503 the client can retry or route "
