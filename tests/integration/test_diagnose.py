@@ -256,52 +256,68 @@ def test_a_sleeping_engine_is_named_asleep_not_stalled_and_serves_again_once_wok
 def test_long_prefills_stalling_decodes_say_lower_the_chunk(
     condition_servers: dict[str, VllmServer], tmp_path: Path
 ) -> None:
-    """16 streaming decoders on the 6-layer model and, every 2.5 s, long prompts of 1,800 distinct
-    random words sent together (identical prompts sent together would share their prefill through the
-    prefix cache); the decoders are closed after the last long prompt. Whether they really stalled
-    because of the long prompts is judged from the clients' own token gaps (not from the diagnosis): a
-    stall is a gap three times their median, ≥ 0.2 s and past the next bucket bound of the server's ITL
-    histogram (where the server's own buckets can tell it from the usual gap); at least two long
-    prompts were followed by one beginning within 2 s, and most stalls came there (a busy host also stalls the
-    decoders at random). A run where that did not hold is repeated with one more long prompt sent
-    together (a longer prefill), and says so; three such runs fail the test."""
+    """16 streaming decoders on the 6-layer model and 8 times long prompts of 1,800 distinct random
+    words sent together (identical prompts sent together would share their prefill through the prefix
+    cache), each batch sent once the last one was answered and the decoders have since streamed 20
+    tokens each — paced by the server, not the clock, so that on a host slow enough for one prefill to
+    outlast a fixed pause the decoders still decode between stalls (paced by the clock, a host at load
+    average 13 had them stalled all along: their median gap was the stall, and no gap stood out). The
+    decoders are closed after the last long prompt. Whether they really stalled because of the long
+    prompts is judged from the clients' own token gaps (not from the diagnosis): a stall is a gap three
+    times their median, ≥ 0.2 s and past the next bucket bound of the server's ITL histogram (where the
+    server's own buckets can tell it from the usual gap); at least two long-prompt batches were followed
+    by one that began while the batch was in the server (sent, not yet answered), and most stalls came
+    there (a busy host also stalls the decoders at random). A run where that did not hold is repeated
+    with one more long prompt sent together (a longer prefill), and says so; three such runs fail."""
     server = condition_servers["small"]
     rng = load.seeded_rng()
     for attempt in range(3):
         clients, stop = load.Clients(), threading.Event()
-        sent: list[float] = []
+        batches: list[tuple[float, float]] = []  # (sent, answered) of each batch of long prompts
         together = attempt + 2  # 1,800 tokens a prompt: 2 in one 4,096-token step, 3 or 4 in two
 
-        def mixed(clients: load.Clients = clients, stop: threading.Event = stop, sent: list[float] = sent,
-                  together: int = together) -> None:
+        def decoded(clients: load.Clients = clients) -> int:
+            with clients.lock:
+                return len(clients.gaps_s)
+
+        def mixed(clients: load.Clients = clients, stop: threading.Event = stop,
+                  batches: list[tuple[float, float]] = batches, together: int = together) -> None:
             # 16 decoders streaming all along, closed when the long prompts are over: long requests
             # of staggered lengths, so that on a fast host their successors do not start together
             # (a batch that empties and refills at once reads as a median rising with the batch).
             lengths = itertools.cycle(range(1500, 2000, 37))
-            decoders = load.closed_loop(server.url, clients, 16, 300.0, lambda: {
+            decoders = load.closed_loop(server.url, clients, 16, 600.0, lambda: {
                 "prompt": "decode " * 8, "max_tokens": next(lengths), "stream": True, "stop": stop}, stop=stop)
-            time.sleep(2.0)
-            for _ in range(8):
-                sent.append(time.time())
+            for _ in range(9):  # the decoders' first 20 tokens each, then before each batch 20 more
+                wanted = decoded() + 16 * 20
+                wait_for(lambda wanted=wanted: decoded() >= wanted, timeout=120, step=0.05)  # type: ignore[misc]
+                if len(batches) == 8:
+                    break
+                sent = time.time()
                 prompts = [load.burst(server.url, clients, 1, prompt=" ".join(rng.choice(WORDS) for _ in range(1800)),
                                       max_tokens=2) for _ in range(together)]
-                time.sleep(2.5)
-            for thread in prompts:
-                thread.join(300)
+                for thread in prompts:
+                    thread.join(300)
+                batches.append((sent, time.time()))
             stop.set()
             decoders.join(300)
 
         path = record(server, tmp_path / f"hol-{attempt}.jsonl.gz", mixed, interval=1.0)
         usual = max(0.2, 3 * statistics.median(gap for _, gap in clients.gaps_s))
         needed = next(b for b in _itl_bounds(path) if b >= usual)
-        # A gap follows a prompt when it began within 2 s of it (it ends when the prefill does,
-        # later on a busy host).
+        # A gap follows a batch when it began while the batch was in the server and ended after it
+        # was sent (its prefill is what the decoders waited for, however long that took here).
         stalls = [(ts - gap, ts) for ts, gap in clients.gaps_s if gap >= needed]
-        after_prompt = [g for g in stalls if any(t - 0.1 <= g[0] <= t + 2.0 and g[1] >= t for t in sent)]
-        prompts_followed = sum(any(t - 0.1 <= g[0] <= t + 2.0 and g[1] >= t for g in stalls) for t in sent)
+
+        def during(g: tuple[float, float], batch: tuple[float, float]) -> bool:
+            return batch[0] - 0.1 <= g[0] <= batch[1] and g[1] >= batch[0]
+
+        after_prompt = [g for g in stalls if any(during(g, b) for b in batches)]
+        prompts_followed = sum(any(during(g, b) for g in stalls) for b in batches)
         if prompts_followed >= 2 and len(after_prompt) >= 0.5 * len(stalls):
             break
-        print(f"retrying: with {together} long prompt(s) at a time, {prompts_followed} of 8 were followed by a "
+        print(f"retrying: with {together} long prompt(s) at a time, {prompts_followed} of {len(batches)} batches were "
+              f"followed by a "
               f"decoder gap ≥ {needed:.3f} s (2 needed), and {len(after_prompt)} of {len(stalls)} such gaps came "
               "after one (half needed); sending one more together")
     else:
