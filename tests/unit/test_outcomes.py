@@ -354,3 +354,17 @@ def test_clients_waited_when_the_ttft_says_so_though_the_waiting_gauge_read_zero
         assert found.suggestions[0].why.startswith(f"Requests waited behind a batch of 4 ({name} p95 >")
     else:
         assert "timeout is shorter" in found.title and found.suggestions == ()
+
+
+def test_the_failure_finding_spans_the_intervals_that_failed_not_the_window() -> None:
+    """10 s of clean answers, then 5 s in which every request got a 500, then 5 s clean again: the
+    finding's time range is the failing 5 s, as an engineer reading 'since when' needs; the counts are
+    the window's. (The scrape at t holds what second t added, in the interval (t - 1, t]: the bad
+    seconds 10-14 are the intervals from 9 to 14.)"""
+    good = {"gen": 50, "http": (10, 0, 0), "finished": (0, 10, 0, 0)}
+    bad = {"gen": 0, "http": (0, 0, 10), "finished": (0, 0, 0, 0)}
+    history = cumulative([good] * 10 + [bad] * 5 + [good] * 5)  # type: ignore[list-item]
+    found = outcome(history, "requests_failed")
+    assert found.severity == "warning" and found.evidence["failed"] == 50  # 50 of 190 requests: 26 %
+    start = history[0].ts
+    assert (found.time_range[0] - start, found.time_range[1] - start) == (9.0, 14.0)

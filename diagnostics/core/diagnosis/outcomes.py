@@ -134,6 +134,14 @@ class Outcomes:
         return max(self.finished.get("error", 0.0), self.server_errors or 0.0)
 
     @property
+    def failed_range(self) -> tuple[float, float]:
+        """From the start of the first interval in which a request failed to the end of the last
+        (the window when none did): when the failures began, not when the window did."""
+        hit = [s for s in self.steps if s.finished.get("error", 0.0) > 0 or
+               (s.http is not None and s.http.get("5xx", 0.0) - s.shed > 0)]
+        return (hit[0].start, hit[-1].end) if hit else (self.start, self.end)
+
+    @property
     def engine_requests(self) -> float | None:
         return None if any(s.engine_requests is None for s in self.steps) or not self.steps else \
             self._sum(lambda s: s.engine_requests or 0.0)

@@ -40,6 +40,7 @@ def requests_failed(ctx: Context) -> list[Finding]:
     if failed < t.outcome_min_requests or share < t.failed_min_share:
         return []
     errors = o.finished.get("error", 0.0)
+    began, ended = o.failed_range  # when they failed, not the whole window
     return [Finding(
         id="requests_failed",
         severity="critical" if share >= t.failed_critical_share else "warning",
@@ -53,7 +54,7 @@ def requests_failed(ctx: Context) -> list[Finding]:
             "No flag is known to fix an error the log has not named; a 5xx burst with the engine dead is the "
             "engine_died or server_down finding.",
         ),
-        time_range=(o.start, o.end),
+        time_range=(began, ended),
     )]
 
 
