@@ -56,7 +56,7 @@ def test_the_corpus_has_two_recordings_per_class_and_several_healthy_ones() -> N
     per_class = Counter(label["class"] for label in labels().values())
     for incident in ("queue_at_cap", "kv_pressure", "sharing_off", "head_of_line", "slow_decode", "stall", "outage",
                      "hung_rank", "admission", "deferred", "unexplained_change", "rejected", "gave_up",
-                     "context_cut"):
+                     "context_cut", "failed"):
         assert per_class[incident] >= 2, per_class
     assert per_class["healthy"] >= 3
     assert len({label["shape"] for label in labels().values()}) >= 3
@@ -115,8 +115,8 @@ def test_every_labelled_run_showed_its_condition_to_the_clients(folder: Path, ca
     check the recorder applied before it kept the recording (``Case.shows``)."""
     label = labels(folder)[case.name]
     assert label["clients"]["requests"] > 0
-    if label["class"] in ("admission", "rejected", "gave_up"):
-        # The incident is the failures: 503s from the queue limits, 400s, the clients' own timeouts.
+    if label["class"] in ("admission", "rejected", "gave_up", "failed"):
+        # The incident is the failures: 503s from the queue limits, 400s, the clients' own timeouts, 500s.
         assert label["clients"]["failed"] > 0, label["clients"]
     elif label["class"] not in ("outage", "stall"):
         assert label["clients"]["failed"] == 0, label["clients"]
