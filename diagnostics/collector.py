@@ -25,6 +25,7 @@ from diagnostics.core.targets import normalize_url
 from diagnostics.errors import BadPayload, NotVllm, TargetError, TargetHTTPError
 from diagnostics.recording import Record
 from diagnostics.sources.dcgm_http import DcgmReader, split_gpu_metrics_url
+from diagnostics.sources.store import HistoryStore, StoreError
 from diagnostics.sources.vllm_http import VllmClient
 
 MIN_INTERVAL_SECONDS = 0.25
@@ -94,6 +95,9 @@ class Collector:
         self._engine_dead: str | None = None
         self._num_scrapes = 0
         self._num_failures = 0
+        self._store: HistoryStore | None = None
+        self._store_info_dirty = False
+        self._store_info_changed = False
 
     # -- readers ---------------------------------------------------------------------------
 
@@ -169,6 +173,47 @@ class Collector:
             if sink in self._sinks:
                 self._sinks.remove(sink)
 
+    def use_store(self, store: HistoryStore, preload: bool = True) -> tuple[float, float] | None:
+        """Write every scrape to ``store`` from now on (the writer batches them off this thread), and
+        first, with ``preload``, take back what it holds of this target's last retention (a
+        restarted dashboard shows the minutes before its restart). Returns how far back the store's
+        history of this target goes (None: nothing yet)."""
+        extent = None
+        if preload:
+            try:
+                extent = store.extent(self.target)
+                if extent is not None:
+                    now = self._clock()
+                    got = store.read(self.target, now - self.retention_seconds, now,
+                                     max_rows=int(self.retention_seconds / self.interval_seconds) + 2)
+                    with self._lock:
+                        known = self._history[0].ts if self._history else float("inf")
+                        older = [r for r in got.rows if r.ts < known]
+                        self._history.extendleft(reversed([r.scrape for r in older]))
+                        self._gpus.extendleft(reversed([(r.ts, r.gpus) for r in older if r.gpus is not None]))
+                        if self._info is None and got.info is not None:
+                            self._info = ServerInfo.from_json(got.info.get("version"), got.info.get("models"))
+            except StoreError:
+                extent = None  # the store says why in its state; collection goes on without it
+        with self._lock:
+            self._store = store
+            self._store_info_dirty = True
+        return extent
+
+    @property
+    def store(self) -> HistoryStore | None:
+        return self._store
+
+    def _to_store(self, scrape: Scrape, gpus: GpuReading | None) -> None:
+        store = self._store
+        if store is None:
+            return
+        with self._lock:
+            info = self._info_payload() if self._store_info_dirty or self._store_info_changed else None
+            if info is not None:
+                self._store_info_dirty = self._store_info_changed = False
+        store.record(self.target, scrape, gpus, info)
+
     # -- the loop --------------------------------------------------------------------------
 
     def start(self) -> Collector:
@@ -232,11 +277,14 @@ class Collector:
             self._num_scrapes += 1
             self._append(scrape, gpus)
             self._append_raw(ts, zlib.compress(text.encode("utf-8"), 1), None, None, gpus)
+            if info_changed:
+                self._store_info_changed = True
             info_payload = None
             if info_changed or self._info_dirty:
                 info_payload = self._info_payload()
                 self._info_dirty = False
             sinks = list(self._sinks)
+        self._to_store(scrape, gpus)
         self._emit(sinks, Record(ts, self.target, metrics=text, info=info_payload, gpus=_gpus_json(gpus),
                                  gpu_source=gpus.source if gpus is not None else None))
         return scrape
@@ -254,6 +302,7 @@ class Collector:
             self._append(scrape, None)
             self._append_raw(ts, None, message, exc.kind, None)
             sinks = list(self._sinks)
+        self._to_store(scrape, None)
         self._emit(sinks, Record(ts, self.target, error=message, error_kind=exc.kind))
         return scrape
 
@@ -338,6 +387,19 @@ class Collector:
 
 _REGISTRY: dict[tuple[str, str], Collector] = {}
 _REGISTRY_LOCK = threading.Lock()
+_STORE: list[HistoryStore] = []  # the process's history store (serve's --data-dir), when one is open
+
+
+def use_history_store(store: HistoryStore | None) -> None:
+    """Give every shared collector started from now on this history store (None: none)."""
+    with _REGISTRY_LOCK:
+        _STORE[:] = [store] if store is not None else []
+
+
+def history_store() -> HistoryStore | None:
+    """The process's history store, if :func:`use_history_store` opened one."""
+    with _REGISTRY_LOCK:
+        return _STORE[0] if _STORE else None
 
 
 def _gpus_json(reading: GpuReading | None) -> list[dict[str, Any]] | None:
@@ -381,6 +443,8 @@ def shared_collector(
                 gpu_source=dcgm.url if dcgm is not None else "NVML" if gpu_reader else None,
             )
             _REGISTRY[key] = collector
+            if _STORE:
+                collector.use_store(_STORE[0])
             collector.start()
         elif wanted is not None and collector.gpu_source != "".join(wanted):
             # Built only when the URL changes: pages ask on every refresh.

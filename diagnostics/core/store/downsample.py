@@ -1,0 +1,143 @@
+"""Per-interval aggregates that keep what triage reads (pure).
+
+An interval of scrapes becomes its **last** scrape — the last value of every gauge, and the
+cumulative value of every counter and histogram bucket, so the difference between two aggregates is
+the counter's (or bucket's) increase and a percentile over aggregates is as honest as over raw
+scrapes — plus, as :attr:`Scrape.peak`, the **maximum** of each value over the interval, so a
+spike survives. An interval is closed early where a difference would lie: at a counter drop or a
+process restart (the reset stays between two aggregates, where :func:`counter_step` finds it) and
+where the layout changes. Failed scrapes are kept at the edges of each run of failures (its first
+and last in the interval), so an outage keeps its start, its end and its messages.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from diagnostics.core.metrics.catalog import COUNTERS, LABELLED_COUNTERS, Layout, Snapshot
+from diagnostics.core.metrics.derive import Scrape, restarted
+from diagnostics.core.store.codec import Row
+
+_MONOTONE: dict[int, tuple[Layout, operator.itemgetter[tuple[float, ...]] | None]] = {}
+
+
+def _monotone(layout: Layout) -> operator.itemgetter[tuple[float, ...]] | None:
+    """The offsets of a layout's counters and histogram numbers (those that only rise until a reset)."""
+    cached = _MONOTONE.get(id(layout))
+    if cached is not None and cached[0] is layout:
+        return cached[1]
+    offsets = [o for c, per in layout.scalars.items() if c in COUNTERS for o in per.values()]
+    offsets += [o for c, per in layout.labelled.items() if c in LABELLED_COUNTERS for by in per.values()
+                for o in by.values()]
+    for per_engine in layout.histograms.values():
+        for bounds, o in per_engine.values():
+            offsets.extend(range(o, o + len(bounds) + 2))
+    getter = operator.itemgetter(*offsets, -1) if offsets else None  # -1: itemgetter of one index is no tuple
+    if len(_MONOTONE) > 256:
+        _MONOTONE.clear()
+    _MONOTONE[id(layout)] = (layout, getter)
+    return getter
+
+
+def _dropped(prev: Snapshot, cur: Snapshot) -> bool:
+    getter = _monotone(cur.layout)
+    if getter is None:
+        return False
+    before, after = getter(prev.values)[:-1], getter(cur.values)[:-1]
+    return any(map(operator.lt, after, before))
+
+
+@dataclass(slots=True)
+class _Open:
+    bucket: float
+    last: Row | None = None
+    peak: array[float] | None = None
+    num_ok: int = 0
+    failures: list[Row] = field(default_factory=list)  # the current run of failures: first and last kept
+    out: list[Row] = field(default_factory=list)
+
+
+class Downsampler:
+    """Streams rows (oldest first) into one aggregate per ``interval_seconds`` (see the module)."""
+
+    def __init__(self, interval_seconds: float) -> None:
+        if not interval_seconds > 0:
+            raise ValueError("an aggregate interval must be > 0 s")
+        self.interval_seconds = interval_seconds
+        self._open: _Open | None = None
+        self.last_ts: float | None = None
+
+    def push(self, row: Row) -> list[Row]:
+        """Take one row; return the aggregates it closed (oldest first)."""
+        if self.last_ts is not None and row.ts <= self.last_ts:
+            return []  # already aggregated (a tail read twice)
+        self.last_ts = row.ts
+        bucket = math.floor(row.ts / self.interval_seconds)
+        done: list[Row] = []
+        cur = self._open
+        snap = row.scrape.snapshot
+        if cur is not None and cur.bucket != bucket:
+            done = self._close()
+            cur = None
+        elif cur is not None and snap is not None and cur.last is not None:
+            before = cur.last.scrape.snapshot
+            assert before is not None
+            if before.layout is not snap.layout or restarted(before, snap) or _dropped(before, snap):
+                done = self._close()
+                cur = None
+        if cur is None:
+            cur = self._open = _Open(bucket)
+        if snap is None:
+            cur.failures.append(row)
+            return done
+        self._end_failures(cur)
+        peak_source = row.scrape.peak.values if row.scrape.peak is not None else snap.values
+        if cur.peak is None or cur.last is None or len(cur.peak) != len(peak_source):
+            cur.peak = array("d", peak_source)
+        else:
+            cur.peak = array("d", map(max, cur.peak, peak_source))
+        cur.last = row
+        cur.num_ok += 1 if row.scrape.peak is None else 2  # an aggregate already stands for several
+        return done
+
+    def flush(self) -> list[Row]:
+        """Close the open interval (the end of the data, or a clean shutdown)."""
+        return self._close() if self._open is not None else []
+
+    @staticmethod
+    def _end_failures(cur: _Open) -> None:
+        if cur.failures:
+            cur.out.append(cur.failures[0])
+            if len(cur.failures) > 1:
+                cur.out.append(cur.failures[-1])
+            cur.failures = []
+
+    def _close(self) -> list[Row]:
+        cur = self._open
+        self._open = None
+        if cur is None:
+            return []
+        self._end_failures(cur)
+        out = cur.out
+        if cur.last is not None:
+            snap = cur.last.scrape.snapshot
+            assert snap is not None and cur.peak is not None
+            peak = Snapshot(snap.layout, cur.peak, snap.cache_config, snap.process_start_time_seconds, snap.lora) \
+                if cur.num_ok > 1 else None
+            out.append(Row(Scrape(cur.last.ts, snap, peak=peak), cur.last.gpus))
+        out.sort(key=lambda r: r.ts)
+        return out
+
+
+def downsample(rows: Iterable[Row], interval_seconds: float) -> list[Row]:
+    """Every row aggregated per ``interval_seconds`` (the open interval at the end included)."""
+    sampler = Downsampler(interval_seconds)
+    out: list[Row] = []
+    for row in rows:
+        out.extend(sampler.push(row))
+    out.extend(sampler.flush())
+    return out
