@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from diagnostics.collector import Collector, shared_collector
+from diagnostics.collector import Collector, shared_collector, use_history_store
 from diagnostics.core.targets import normalize_url, targets_from
 from diagnostics.sources import nvml
+from diagnostics.sources.store import HistoryStore, default_data_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,15 +48,57 @@ def start_flight_recorders(secrets: Mapping[str, Any], env: Mapping[str, str]) -
     return started
 
 
+def history_args(words: Sequence[str]) -> tuple[Path | None, list[str]]:
+    """``--data-dir DIR`` / ``--data-dir=DIR`` / ``--no-history`` taken out of serve's line (the rest
+    goes to Streamlit): the store's directory, or None for no history."""
+    rest: list[str] = []
+    chosen: Path | None = default_data_dir()
+    it = iter(words)
+    for word in it:
+        if word == "--no-history":
+            chosen = None
+        elif word == "--data-dir":
+            chosen = Path(next(it, "")).expanduser()
+        elif word.startswith("--data-dir="):
+            chosen = Path(word.split("=", 1)[1]).expanduser()
+        else:
+            rest.append(word)
+    return chosen, rest
+
+
+def open_history(data_dir: Path | None) -> HistoryStore | None:
+    """The store every shared collector writes to (and reads its last hour back from), said on stderr."""
+    if data_dir is None:
+        print("history store: off", file=sys.stderr, flush=True)
+        return None
+    store = HistoryStore(data_dir)
+    use_history_store(store)
+    if store.state.message:
+        print(f"warning: {store.state.message}", file=sys.stderr, flush=True)
+    else:
+        print(f"history store: {store.path} ({store.policy.describe()})", file=sys.stderr, flush=True)
+    return store
+
+
+def _history_line(store: HistoryStore | None, collector: Collector) -> str:
+    extent = store.extent(collector.target) if store is not None and store.state.message is None else None
+    if extent is None:
+        return f"{collector.target} from now on"
+    start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(extent[0]))
+    return f"{collector.target} (history from {start})"
+
+
 def serve(streamlit_args: Sequence[str]) -> int:
     if not (ROOT / "app.py").exists():
         print("error: serve runs from a checkout of the repository (app.py and pages/ are not installed); "
               "use ./scripts/run.sh there", file=sys.stderr)
         return 2
+    data_dir, streamlit_args = history_args(streamlit_args)
+    store = open_history(data_dir)
     recorders = start_flight_recorders(read_secrets(ROOT / ".streamlit" / "secrets.toml"), os.environ)
     if recorders:
-        names = ", ".join(c.target for c in recorders)
-        print(f"flight recorder: collecting {names} from now on", file=sys.stderr, flush=True)
+        names = ", ".join(_history_line(store, c) for c in recorders)
+        print(f"flight recorder: collecting {names}", file=sys.stderr, flush=True)
     from streamlit.web import cli as streamlit_cli
 
     sys.argv = ["streamlit", "run", str(ROOT / "app.py"), *streamlit_args]
@@ -62,4 +106,7 @@ def serve(streamlit_args: Sequence[str]) -> int:
         streamlit_cli.main()
     except SystemExit as exc:
         return int(exc.code or 0)
+    finally:
+        if store is not None:
+            store.close()
     return 0

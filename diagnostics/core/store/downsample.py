@@ -69,12 +69,16 @@ class Downsampler:
             raise ValueError("an aggregate interval must be > 0 s")
         self.interval_seconds = interval_seconds
         self._open: _Open | None = None
-        self.last_ts: float | None = None
+        self.last_ts: float | None = None  # set by a caller that resumes after rows already aggregated
+        self._started = False
+        self.last_ts_before: float | None = None
 
     def push(self, row: Row) -> list[Row]:
         """Take one row; return the aggregates it closed (oldest first)."""
         if self.last_ts is not None and row.ts <= self.last_ts:
             return []  # already aggregated (a tail read twice)
+        if not self._started and self.last_ts_before is None:
+            self.last_ts_before = self.last_ts
         self.last_ts = row.ts
         bucket = math.floor(row.ts / self.interval_seconds)
         done: list[Row] = []
@@ -95,6 +99,12 @@ class Downsampler:
             cur.failures.append(row)
             return done
         self._end_failures(cur)
+        if not self._started:
+            # The stream's first scrape stands alone: an increase over the first interval needs it.
+            self._started = True
+            if self.last_ts_before is None:
+                cur.out.append(row)
+                return done
         peak_source = row.scrape.peak.values if row.scrape.peak is not None else snap.values
         if cur.peak is None or cur.last is None or len(cur.peak) != len(peak_source):
             cur.peak = array("d", peak_source)
