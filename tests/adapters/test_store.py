@@ -1,0 +1,233 @@
+"""The SQLite history store: what goes in comes back (the corpus diagnosed the same from the store
+as from its recordings; a stored range written back as a recording diagnoses the same), tiers age out
+and are read where they reach, and a store that is locked, full, corrupt or written by another
+process turns history read-only with a message while the collector goes on collecting."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from diagnostics.cli.main import main
+from diagnostics.collector import Collector
+from diagnostics.core.diagnosis import diagnose, prepare
+from diagnostics.core.metrics.derive import counter_increase
+from diagnostics.core.store import StorePolicy, Tier
+from diagnostics.recording import encode_recording, read_recording
+from diagnostics.sources import store as store_module
+from diagnostics.sources.store import HistoryStore, StoredTarget
+from tests.fixtures.incidents.corpus import HERE, labels
+from tests.unit import synth
+from tests.unit.test_collector import Clock, FakeServer, make
+
+RECORDINGS = sorted({label["file"] for label in labels().values()})
+
+
+def _findings(history: list, info: object) -> list[dict]:  # type: ignore[type-arg]
+    return [f.to_json() for f in diagnose(prepare(history, info=info))]
+
+
+def _stored(path: Path, tmp_path: Path) -> tuple[StoredTarget, list, object]:  # type: ignore[type-arg]
+    recording = read_recording(path)
+    scrapes = recording.scrapes()
+    store = HistoryStore(tmp_path / "store", clock=lambda: scrapes[-1].ts)
+    for record, scrape in zip(recording.records, scrapes, strict=True):
+        store.record(record.target, scrape, None, record.info)
+    store.close()
+    reader = HistoryStore(tmp_path / "store", write=False)
+    target = StoredTarget(reader, recording.records[0].target, range_s=scrapes[-1].ts - scrapes[0].ts,
+                          end=scrapes[-1].ts)
+    return target, scrapes, recording.info()
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_a_recording_replayed_through_the_store_gives_the_same_findings(name: str, tmp_path: Path) -> None:
+    target, scrapes, info = _stored(HERE / name, tmp_path)
+    history = target.history()
+    assert [s.ts for s in history] == [s.ts for s in scrapes]
+    assert target.status().info == info
+    assert _findings(history, target.status().info) == _findings(scrapes, info)
+
+
+@pytest.mark.parametrize("name", ["kv_pressure_blocks_override.jsonl.gz", "outage_restart.jsonl.gz",
+                                  "hung_rank_dp2.jsonl.gz"])
+def test_a_stored_range_saved_as_a_recording_diagnoses_the_same(name: str, tmp_path: Path) -> None:
+    path = HERE / name
+    if not path.exists():
+        pytest.skip(f"{name} is not in the corpus")
+    target, scrapes, info = _stored(path, tmp_path)
+    again = read_recording(encode_recording(target.recent_records()))
+    assert again.info() == info
+    assert _findings(again.scrapes(), again.info()) == _findings(scrapes, info)
+
+
+def test_diagnose_from_the_store_prints_what_diagnose_of_the_recording_prints(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = HERE / "kv_pressure_blocks_override.jsonl.gz"
+    target, scrapes, _ = _stored(path, tmp_path)
+    code_replay = main(["diagnose", "--replay", str(path), "--json", "--no-predict"])
+    replay_out = json.loads(capsys.readouterr().out)
+    code_store = main(["diagnose", "--data-dir", str(tmp_path / "store"), "--since", f"{scrapes[-1].ts - scrapes[0].ts}s",
+                       "--until", str(scrapes[-1].ts), "--json", "--no-predict"])
+    store_out = json.loads(capsys.readouterr().out)
+    assert code_store == code_replay == 2  # KV full and preempting: critical
+    assert store_out == replay_out
+    out = tmp_path / "past.jsonl.gz"
+    assert main(["record", "--from-store", "--data-dir", str(tmp_path / "store"), "--since", "1d",
+                 "--until", str(scrapes[-1].ts), "-o", str(out)]) == 0
+    assert len(read_recording(out).records) == len(scrapes)
+
+
+def _small_policy() -> StorePolicy:
+    return StorePolicy(tiers=(Tier(0.0, 1200.0, 60.0), Tier(10.0, 7200.0, 600.0), Tier(60.0, 86400.0, 3600.0)),
+                       batch_seconds=1.0)
+
+
+def test_three_hours_age_out_of_the_raw_tier_and_read_back_from_the_aggregates(tmp_path: Path) -> None:
+    clock = Clock()
+    start = clock.now
+    store = HistoryStore(tmp_path, _small_policy(), clock=clock)
+    url = "http://fake:8000"
+    scrapes = []
+    for t in range(3 * 3600):
+        clock.now = start + t
+        scrape = synth.scrape(clock.now, gen=10.0 * t, usage=0.9 if t == 4000 else 0.2)
+        scrapes.append(scrape)
+        store.record(url, scrape)
+        if t % 600 == 0:
+            store.flush()
+            store._maintain()  # noqa: SLF001 - the writer runs it every minute of wall time
+    store.flush()
+    store._maintain()  # noqa: SLF001
+    extent = store.extent(url)
+    assert extent is not None and extent[0] == start  # the first scrape stands in every tier
+    whole = store.read(url, start, clock.now)
+    assert whole.tier in (1, 2)
+    history = [r.scrape for r in whole.rows]
+    assert counter_increase(history, "generation_tokens") == counter_increase(scrapes, "generation_tokens")
+    spike = [r.scrape.peak for r in whole.rows if r.scrape.peak is not None and r.ts >= start + 4000][0]
+    assert spike.value("kv_cache_usage_perc") == 0.9  # the one-second spike, long out of the raw tier
+    recent = store.read(url, clock.now - 600, clock.now)
+    assert recent.tier == 0 and len(recent.rows) >= 590
+    raw_oldest = sqlite3.connect(store.path).execute("SELECT min(start_ts) FROM chunks WHERE tier = 0").fetchone()[0]
+    assert raw_oldest >= clock.now - 1200 - 600  # pruned whole chunks (600 s each here)
+    store.close()
+
+
+def test_a_restarted_store_rebuilds_the_open_aggregates(tmp_path: Path) -> None:
+    clock = Clock()
+    start = clock.now
+    url = "http://fake:8000"
+    first = HistoryStore(tmp_path, _small_policy(), clock=clock)
+    for t in range(900):
+        clock.now = start + t
+        first.record(url, synth.scrape(clock.now, gen=10.0 * t))
+    first.flush()
+    # Killed: the open 10 s chunk (10 min span) was never written.
+    first._writable = False  # noqa: SLF001 - stop it writing, as a killed process would
+    first._lock_file.close()  # noqa: SLF001
+    second = HistoryStore(tmp_path, _small_policy(), clock=clock)
+    second.close()  # a clean close writes the open chunks
+    conn = sqlite3.connect(tmp_path / store_module.FILE_NAME)
+    (n1,) = conn.execute("SELECT sum(num_rows) FROM chunks WHERE tier = 1").fetchone()
+    assert n1 >= 90  # 900 s of 10 s aggregates (plus the first scrape)
+
+
+def test_a_locked_database_turns_history_read_only_and_collection_goes_on(tmp_path: Path) -> None:
+    clock = Clock()
+    store = HistoryStore(tmp_path, clock=clock, busy_timeout_seconds=0.2)
+    collector = make(FakeServer(), clock)
+    collector.use_store(store)
+    collector.scrape_once()
+    store.flush()
+    assert store.state.writable
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    for _ in range(3):
+        clock.now += 1
+        collector.scrape_once()
+    store.flush()
+    state = store.state
+    assert not state.writable and "locked by another process" in (state.message or "")
+    assert "live collection goes on" in (state.message or "")
+    assert len(collector.history()) == 4 and collector.status().state == "up"
+    holder.execute("ROLLBACK")
+    holder.close()
+    clock.now += store_module.RETRY_SECONDS + 1
+    collector.scrape_once()
+    store.flush()  # the retry: writable again
+    clock.now += 1
+    collector.scrape_once()
+    store.flush()
+    assert store.state.writable
+    assert len(store.read(collector.target, 0, clock.now).rows) >= 2
+    store.close()
+
+
+def test_a_full_disk_turns_history_read_only_and_collection_goes_on(tmp_path: Path) -> None:
+    clock = Clock()
+    store = HistoryStore(tmp_path, clock=clock, hard_limit_bytes=48 * 1024)
+    collector = make(FakeServer(), clock)
+    collector.use_store(store)
+    for _ in range(200):
+        clock.now += 1
+        collector.scrape_once()
+        if not store.state.writable:
+            break
+        store.flush()
+    state = store.state
+    assert not state.writable and "is full" in (state.message or "")
+    for _ in range(5):
+        clock.now += 1
+        collector.scrape_once()
+    assert collector.status().state == "up" and collector.history()[-1].ts == clock.now
+    store.close()
+
+
+def test_a_corrupt_file_turns_history_off_with_a_message_and_collection_goes_on(tmp_path: Path) -> None:
+    (tmp_path / store_module.FILE_NAME).write_bytes(b"SQLite format 3\x00" + b"\xff" * 4096)
+    store = HistoryStore(tmp_path)
+    assert not store.state.writable and "corrupt" in (store.state.message or "")
+    clock = Clock()
+    collector = make(FakeServer(), clock)
+    assert collector.use_store(store) is None
+    collector.scrape_once()
+    assert collector.status().state == "up" and len(collector.history()) == 1
+    store.close()
+
+
+def test_a_second_process_on_the_same_directory_reads_and_does_not_write(tmp_path: Path) -> None:
+    clock = Clock()
+    first = HistoryStore(tmp_path, clock=clock)
+    first.record("http://a:1", synth.scrape(clock.now, gen=1))
+    first.flush()
+    second = HistoryStore(tmp_path, clock=clock)
+    assert not second.state.writable and "is written by process" in (second.state.message or "")
+    second.record("http://a:1", synth.scrape(clock.now + 1, gen=2))  # dropped: not the writer
+    assert [r.ts for r in second.read("http://a:1", 0, clock.now + 10).rows] == [clock.now]
+    second.close()
+    first.close()
+
+
+def test_a_restarted_collector_shows_the_minutes_before_its_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    server = FakeServer()
+    before = make(server, clock)
+    store = HistoryStore(tmp_path, clock=clock)
+    before.use_store(store)
+    for _ in range(30):
+        before.scrape_once()
+        clock.now += 1
+    store.close()
+    again = HistoryStore(tmp_path, clock=clock)
+    after: Collector = make(server, clock)
+    extent = after.use_store(again)
+    assert extent is not None and extent[0] == 1000.0
+    assert [s.ts for s in after.history()] == [s.ts for s in before.history()]
+    assert after.status().info is not None and after.status().info.model == "tiny"
+    after.scrape_once()
+    assert len(after.history()) == 31
+    again.close()
