@@ -150,8 +150,6 @@ class HistoryStore:
         self._reader = None
         if write:
             self._open_writer()
-        else:
-            self._message = "opened to read only"
         self._open_reader()
 
     # -- opening ---------------------------------------------------------------------------
@@ -470,7 +468,8 @@ class HistoryStore:
         if self._reader is None:
             self._open_reader()
         if self._reader is None:
-            raise StoreError(self._message or f"history store {self.path} does not exist yet")
+            raise StoreError(f"history store {self.path} does not exist yet" if not self.path.exists() else
+                             self._message or f"history store {self.path} cannot be opened")
         return self._reader
 
     def targets(self) -> list[str]:
