@@ -1,9 +1,11 @@
 """How a run of scrapes is written down: one compressed chunk, columnar (pure).
 
 A snapshot is already columnar in memory (a shared :class:`Layout` and one array of floats), so a
-chunk stores each scrape's array XORed with the previous one of the same layout (unchanged numbers —
-most histogram buckets, most counters between two scrapes — become zero bytes), byte-shuffled (the
-k-th byte of every float together) and zlib-compressed, with a small JSON header for the rest (time,
+chunk stores a run of same-layout scrapes as a matrix, column by column: the first row, then each
+number's change since the scrape before (an exact integer difference for the whole-number columns —
+counters and bucket counts, so an unchanged bucket is zero bytes and a counter's step one or two —
+the XOR of the bits for the rest), byte-shuffled (the k-th byte of every number together) and
+zlib-compressed, with a small JSON header for the rest (time,
 error, cache config, LoRA state, GPU readings). Layouts are written once by the adapter and named
 here by an integer. :func:`exposition` writes a snapshot back as Prometheus text, so a stored range
 becomes an ordinary recording that parses to the same snapshots.
@@ -20,6 +22,8 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from diagnostics.core.metrics.catalog import (
     CACHE_CONFIG,
@@ -127,17 +131,74 @@ def _gpus_from(obj: dict[str, Any] | None) -> GpuReading | None:
     return GpuReading(devices, obj.get("unavailable"), obj.get("source"))
 
 
+def _segments(header: list[list[Any]]) -> list[tuple[int, int, int]]:
+    """Runs of consecutive scrapes with the same layout: ``(first row, rows, width)``."""
+    out: list[tuple[int, int, int]] = []
+    key: tuple[Any, int] | None = None
+    for i, entry in enumerate(header):
+        if entry[1] is None:
+            continue
+        if key == (entry[1], entry[9]) and out and out[-1][0] + out[-1][1] == i:
+            first, k, n = out[-1]
+            out[-1] = (first, k + 1, n)
+        else:
+            out.append((i, 1, entry[9]))
+        key = (entry[1], entry[9])
+    return out
+
+
+def _encode_segment(matrix: np.ndarray) -> bytes:
+    """One run of same-layout scrapes (rows × values): the first row as it is, then per column the
+    difference from the row before — an exact integer difference where the column holds only whole
+    numbers (counters, bucket counts: a few significant bytes), the XOR of the bits elsewhere —
+    column by column, byte-shuffled."""
+    rows, width = matrix.shape
+    whole = np.all(np.isfinite(matrix) & (matrix == np.round(matrix)) & (np.abs(matrix) < 2.0 ** 52)
+                   & ~(np.signbit(matrix) & (matrix == 0)), axis=0)  # -0.0 keeps its bits
+    bits = matrix.view(np.uint64)
+    deltas = np.bitwise_xor(bits[1:], bits[:-1])
+    ints = matrix[:, whole].astype(np.int64)
+    step = ints[1:] - ints[:-1]
+    deltas[:, whole] = ((step << 1) ^ (step >> 63)).view(np.uint64)  # zigzag: small either way
+    columns = np.ascontiguousarray(deltas.T).view(np.uint8).reshape(-1, 8)
+    return (matrix[0].astype("<f8").tobytes() + np.packbits(whole).tobytes()
+            + np.ascontiguousarray(columns.T).tobytes())
+
+
+def _decode_segment(data: bytes, pos: int, rows: int, width: int) -> tuple[np.ndarray, int]:
+    first = np.frombuffer(data, "<f8", width, pos).astype(np.float64)
+    pos += 8 * width
+    mask_len = (width + 7) // 8
+    whole = np.unpackbits(np.frombuffer(data, np.uint8, mask_len, pos))[:width].astype(bool)
+    pos += mask_len
+    size = 8 * width * (rows - 1)
+    planes = np.frombuffer(data, np.uint8, size, pos).reshape(8, -1)
+    pos += size
+    deltas = np.ascontiguousarray(planes.T).view(np.uint64).reshape(width, rows - 1).T
+    bits = np.bitwise_xor.accumulate(np.vstack([first.view(np.uint64)[None, :], deltas]), axis=0)
+    out = bits.view(np.float64).copy()
+    if whole.any():
+        z = deltas[:, whole]
+        step = (z >> np.uint64(1)).view(np.int64) ^ -(z & np.uint64(1)).view(np.int64)
+        ints = np.empty((rows, int(whole.sum())), np.int64)
+        ints[0] = first[whole].astype(np.int64)
+        ints[1:] = ints[0] + np.cumsum(step, axis=0)
+        out[:, whole] = ints.astype(np.float64)
+    return out, pos
+
+
 def encode_chunk(rows: Iterable[Row], layout_id: Callable[[Layout], int], level: int = 6) -> bytes:
     """Rows (oldest first) → one chunk's bytes; ``layout_id`` names each distinct layout."""
     header: list[list[Any]] = []
     configs: list[dict[str, str]] = []
     config_index: dict[int, int] = {}
-    planes: list[bytes] = []
-    prev: tuple[int, bytes] | None = None
+    values: list[Snapshot | None] = []
+    peaks: list[bytes] = []
     for row in rows:
         scrape = row.scrape
         snap = scrape.snapshot
         gpus = _gpus_json(row.gpus)
+        values.append(snap)
         if snap is None:
             header.append([scrape.ts, None, None, None, None, scrape.error,
                            str(scrape.error_kind) if scrape.error_kind else None, gpus, 0, 0])
@@ -150,17 +211,18 @@ def encode_chunk(rows: Iterable[Row], layout_id: Callable[[Layout], int], level:
                 cfg = config_index[id(snap.cache_config)] = len(configs)
                 configs.append(dict(snap.cache_config.raw))
         lora = None if snap.lora is None else [snap.lora.max_lora, list(snap.lora.running), list(snap.lora.waiting)]
-        raw = _values_bytes(snap)
-        planes.append(_xor(raw, prev[1]) if prev is not None and prev[0] == lid and len(prev[1]) == len(raw) else raw)
-        prev = (lid, raw)
         has_peak = 0
         if scrape.peak is not None and len(scrape.peak.values) == len(snap.values):
-            planes.append(_xor(_values_bytes(scrape.peak), raw))
+            peaks.append(_xor(_values_bytes(scrape.peak), _values_bytes(snap)))
             has_peak = 1
         header.append([scrape.ts, lid, cfg, snap.process_start_time_seconds, lora, None, None, gpus, has_peak,
                        len(snap.values)])
+    planes = []
+    for first, k, n in _segments(header):
+        matrix = np.array([v.values for v in values[first:first + k] if v is not None], np.float64).reshape(k, n)
+        planes.append(_encode_segment(matrix))
     head = json.dumps({"v": FORMAT, "rows": header, "configs": configs}, separators=(",", ":")).encode()
-    body = struct.pack("<I", len(head)) + head + _shuffle(b"".join(planes))
+    body = struct.pack("<I", len(head)) + head + b"".join(planes) + _shuffle(b"".join(peaks))
     return zlib.compress(body, level)
 
 
@@ -174,30 +236,36 @@ def decode_chunk(data: bytes, layout_by_id: Callable[[int], Layout]) -> list[Row
         raise ValueError(f"not a history chunk: {exc}") from None
     if head.get("v") != FORMAT:
         raise ValueError(f"history chunk format {head.get('v')!r} is not {FORMAT}")
-    values = _unshuffle(body[4 + size:])
+    header = head["rows"]
+    pos = 4 + size
+    matrices: dict[int, array[float]] = {}
+    try:
+        for first, k, n in _segments(header):
+            matrix, pos = _decode_segment(body, pos, k, n)
+            for i in range(k):
+                matrices[first + i] = array("d", matrix[i].tobytes())
+    except ValueError as exc:
+        raise ValueError(f"not a history chunk: {exc}") from None
+    peak_values = _unshuffle(body[pos:])
     configs = [CacheConfig.from_labels(c) for c in head["configs"]]
     out: list[Row] = []
-    pos = 0
-    prev: tuple[int, bytes] | None = None
-    for ts, lid, cfg, start, lora, error, kind, gpus, has_peak, n in head["rows"]:
+    peak_pos = 0
+    for i, (ts, lid, cfg, start, lora, error, kind, gpus, has_peak, n) in enumerate(header):
         reading = _gpus_from(gpus)
         if lid is None:
             out.append(Row(Scrape(ts, None, error, ErrorKind(kind) if kind else ErrorKind.UNKNOWN), reading))
             continue
-        width = 8 * n
-        raw = values[pos:pos + width]
-        pos += width
-        if prev is not None and prev[0] == lid and len(prev[1]) == width:
-            raw = _xor(raw, prev[1])
-        prev = (lid, raw)
         layout = layout_by_id(lid)
         lora_info = None if lora is None else LoraInfo(lora[0], tuple(lora[1]), tuple(lora[2]))
         config = configs[cfg] if cfg is not None else None
-        snap = Snapshot(layout, _array(raw), config, start, lora_info)
+        values = matrices[i]
+        snap = Snapshot(layout, values, config, start, lora_info)
         peak = None
         if has_peak:
-            peak = Snapshot(layout, _array(_xor(values[pos:pos + width], raw)), config, start, lora_info)
-            pos += width
+            width = 8 * n
+            raw = _xor(peak_values[peak_pos:peak_pos + width], values.tobytes())
+            peak_pos += width
+            peak = Snapshot(layout, _array(raw), config, start, lora_info)
         out.append(Row(Scrape(ts, snap, peak=peak), reading))
     return out
 

@@ -37,10 +37,14 @@ def _span(seconds: float) -> str:
 
 
 def _default_tiers() -> tuple[Tier, ...]:
+    # A range read takes the finest tier that holds it in at most max_read_rows points: up to 25 min
+    # every scrape, up to 6 h at 15 s, up to 25 h at 1 min, up to 30 days at 30 min. Short chunk spans
+    # on the coarse tiers keep the tail a read rebuilds from the finer tier small.
     return (
         Tier(0.0, 6 * HOUR, 600.0),
-        Tier(10.0, 7 * DAY, HOUR),
-        Tier(300.0, 30 * DAY, DAY),
+        Tier(15.0, 3 * DAY, 600.0),
+        Tier(60.0, 14 * DAY, HOUR),
+        Tier(1800.0, 30 * DAY, 6 * HOUR),
     )
 
 
@@ -52,7 +56,7 @@ class StorePolicy:
     tiers: tuple[Tier, ...] = field(default_factory=_default_tiers)
     max_bytes: int = 2048 * MIB
     batch_seconds: float = 5.0
-    max_read_rows: int = 10_000  # a range read picks the finest tier that stays under this
+    max_read_rows: int = 1_500  # a range read picks the finest tier that stays under this
 
     def problems(self) -> list[str]:
         """Why this policy cannot be used ([] when it can)."""
