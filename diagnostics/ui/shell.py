@@ -76,7 +76,10 @@ def sidebar(config: TargetsConfig) -> Selected | None:
         selected = None
     sb.header("View")
     _persisted(sb.select_slider, state.REFRESH_SECONDS, "Refresh every (s)", options=state.REFRESH_CHOICES)
-    _persisted(sb.radio, state.WINDOW_SECONDS, "Time window", list(state.WINDOW_CHOICES), horizontal=True)
+    stored = list(state.STORED_WINDOW_CHOICES) if resources.store() is not None else []
+    _persisted(sb.radio, state.WINDOW_SECONDS, "Time window", list(state.WINDOW_CHOICES) + stored, horizontal=True,
+               help="Past 1 h the pages read the history store (aggregates: each point the last value, "
+               "counters' increases kept)." if stored else None)
     _persisted(
         sb.radio,
         state.QUANTILE_WINDOW_SECONDS,
