@@ -324,11 +324,11 @@ class HistoryStore:
             self._layout_rows[lid] = layout
         return int(lid)
 
-    def _write_chunk(self, target: _Target, tier: int, rows: list[Row]) -> None:
+    def _write_chunk(self, target: _Target, tier: int, rows: list[Row], level: int = 6) -> None:
         if not rows:
             return
         assert self._writer is not None
-        body = encode_chunk(rows, self._layout_id)
+        body = encode_chunk(rows, self._layout_id, level)
         self._writer.execute("INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
                              (target.id, tier, rows[0].ts, rows[-1].ts, len(rows), body))
 
@@ -347,10 +347,10 @@ class HistoryStore:
             self._writer.execute("DELETE FROM chunks WHERE target = ? AND tier = 0 AND start_ts >= ? AND end_ts <= ?",
                                  (target.id, done[0].ts, done[-1].ts))
             self._write_chunk(target, 0, done)
-            self._write_chunk(target, 0, later)
+            self._write_chunk(target, 0, later, level=1)
             target.span_rows = later
         else:
-            self._write_chunk(target, 0, rows)
+            self._write_chunk(target, 0, rows, level=1)  # rewritten whole when its span is over
             current.extend(rows)
 
     def write_rows(self, url: str, tier: int, rows: list[Row]) -> None:

@@ -219,7 +219,8 @@ def encode_chunk(rows: Iterable[Row], layout_id: Callable[[Layout], int], level:
                        len(snap.values)])
     planes = []
     for first, k, n in _segments(header):
-        matrix = np.array([v.values for v in values[first:first + k] if v is not None], np.float64).reshape(k, n)
+        joined = b"".join(v.values.tobytes() for v in values[first:first + k] if v is not None)
+        matrix = np.frombuffer(joined, np.float64).reshape(k, n)
         planes.append(_encode_segment(matrix))
     head = json.dumps({"v": FORMAT, "rows": header, "configs": configs}, separators=(",", ":")).encode()
     body = struct.pack("<I", len(head)) + head + b"".join(planes) + _shuffle(b"".join(peaks))

@@ -13,49 +13,70 @@ and last in the interval), so an outage keeps its start, its end and its message
 from __future__ import annotations
 
 import math
-import operator
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from diagnostics.core.metrics.catalog import COUNTERS, LABELLED_COUNTERS, Layout, Snapshot
 from diagnostics.core.metrics.derive import Scrape, restarted
 from diagnostics.core.store.codec import Row
 
-_MONOTONE: dict[int, tuple[Layout, operator.itemgetter[tuple[float, ...]] | None]] = {}
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """A layout's offsets split by kind: what only rises until a reset (counters, histogram numbers)
+    and the rest (gauges: their maximum is kept)."""
+
+    layout: Layout
+    monotone: np.ndarray
+    gauges: np.ndarray
 
 
-def _monotone(layout: Layout) -> operator.itemgetter[tuple[float, ...]] | None:
-    """The offsets of a layout's counters and histogram numbers (those that only rise until a reset)."""
-    cached = _MONOTONE.get(id(layout))
-    if cached is not None and cached[0] is layout:
-        return cached[1]
+_SPLITS: dict[int, _Split] = {}
+
+
+def _split(layout: Layout) -> _Split:
+    cached = _SPLITS.get(id(layout))
+    if cached is not None and cached.layout is layout:
+        return cached
     offsets = [o for c, per in layout.scalars.items() if c in COUNTERS for o in per.values()]
     offsets += [o for c, per in layout.labelled.items() if c in LABELLED_COUNTERS for by in per.values()
                 for o in by.values()]
     for per_engine in layout.histograms.values():
         for bounds, o in per_engine.values():
             offsets.extend(range(o, o + len(bounds) + 2))
-    getter = operator.itemgetter(*offsets, -1) if offsets else None  # -1: itemgetter of one index is no tuple
-    if len(_MONOTONE) > 256:
-        _MONOTONE.clear()
-    _MONOTONE[id(layout)] = (layout, getter)
-    return getter
+    width = max([o for per in layout.scalars.values() for o in per.values()]
+                + [o for per in layout.labelled.values() for by in per.values() for o in by.values()]
+                + [o + len(b) + 1 for per in layout.histograms.values() for b, o in per.values()] + [-1]) + 1
+    monotone = np.array(sorted(set(offsets)), np.intp)
+    gauges = np.setdiff1d(np.arange(width, dtype=np.intp), monotone)
+    if len(_SPLITS) > 256:
+        _SPLITS.clear()
+    found = _SPLITS[id(layout)] = _Split(layout, monotone, gauges)
+    return found
+
+
+def monotone_offsets(layout: Layout) -> list[int]:
+    """The offsets of a layout's counters and histogram numbers."""
+    return [int(o) for o in _split(layout).monotone]
+
+
+def _numbers(snapshot: Snapshot) -> np.ndarray:
+    return np.frombuffer(snapshot.values, np.float64)
 
 
 def _dropped(prev: Snapshot, cur: Snapshot) -> bool:
-    getter = _monotone(cur.layout)
-    if getter is None:
-        return False
-    before, after = getter(prev.values)[:-1], getter(cur.values)[:-1]
-    return any(map(operator.lt, after, before))
+    idx = _split(cur.layout).monotone
+    return bool(idx.size) and bool(np.any(_numbers(cur)[idx] < _numbers(prev)[idx]))
 
 
 @dataclass(slots=True)
 class _Open:
     bucket: float
     last: Row | None = None
-    peak: array[float] | None = None
+    peak: np.ndarray | None = None  # the gauges' maxima so far
     num_ok: int = 0
     failures: list[Row] = field(default_factory=list)  # the current run of failures: first and last kept
     out: list[Row] = field(default_factory=list)
@@ -105,11 +126,14 @@ class Downsampler:
             if self.last_ts_before is None:
                 cur.out.append(row)
                 return done
-        peak_source = row.scrape.peak.values if row.scrape.peak is not None else snap.values
-        if cur.peak is None or cur.last is None or len(cur.peak) != len(peak_source):
-            cur.peak = array("d", peak_source)
+        gauges = _split(snap.layout).gauges
+        source = _numbers(row.scrape.peak if row.scrape.peak is not None else snap)
+        if len(source) != len(snap.values):
+            source = _numbers(snap)
+        if cur.peak is None or cur.last is None or len(cur.peak) != len(gauges):
+            cur.peak = source[gauges].copy()
         else:
-            cur.peak = array("d", map(max, cur.peak, peak_source))
+            np.fmax(cur.peak, source[gauges], out=cur.peak)
         cur.last = row
         cur.num_ok += 1 if row.scrape.peak is None else 2  # an aggregate already stands for several
         return done
@@ -136,8 +160,12 @@ class Downsampler:
         if cur.last is not None:
             snap = cur.last.scrape.snapshot
             assert snap is not None and cur.peak is not None
-            peak = Snapshot(snap.layout, cur.peak, snap.cache_config, snap.process_start_time_seconds, snap.lora) \
-                if cur.num_ok > 1 else None
+            peak = None
+            if cur.num_ok > 1:
+                values = array("d", snap.values)  # a counter's maximum is its last value (resets split)
+                numbers = np.frombuffer(values, np.float64)
+                numbers[_split(snap.layout).gauges] = cur.peak
+                peak = Snapshot(snap.layout, values, snap.cache_config, snap.process_start_time_seconds, snap.lora)
             out.append(Row(Scrape(cur.last.ts, snap, peak=peak), cur.last.gpus))
         out.sort(key=lambda r: r.ts)
         return out
