@@ -1,0 +1,73 @@
+"""AppTest of the pages on the history store: with a store open, the sidebar offers 6 h … 30 days,
+and past the collector's hour Live draws and Diagnose judges what the store holds (a real hung-rank
+recording stored an hour ago) — not the live collector's last hour (a KV-pressure burst)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from diagnostics.collector import register, use_history_store
+from diagnostics.core.metrics.derive import Scrape
+from diagnostics.recording import read_recording
+from diagnostics.sources.store import HistoryStore
+from tests.app.test_pages import URL, app, fed_collector
+
+HUNG = Path(__file__).resolve().parents[1] / "fixtures" / "incidents" / "hung_rank_dp2.jsonl.gz"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[HistoryStore]:
+    recording = read_recording(HUNG)
+    scrapes = recording.scrapes()
+    shift = time.time() - 3600 - scrapes[-1].ts  # it ended an hour ago
+    opened = HistoryStore(tmp_path)
+    for record, scrape in zip(recording.records, scrapes, strict=True):
+        opened.record(URL, Scrape(scrape.ts + shift, scrape.snapshot, scrape.error, scrape.error_kind), None,
+                      record.info)
+    opened.flush()
+    use_history_store(opened)
+    yield opened
+    use_history_store(None)
+    opened.close()
+
+
+def test_live_offers_the_stored_ranges_and_draws_six_hours_from_the_store(store: HistoryStore) -> None:
+    register(fed_collector())
+    at = app("pages/1_Live.py")
+    at.session_state["window_seconds"] = "6 h"
+    at.run()
+    assert not at.exception
+    options = at.sidebar.radio(key="_w_window_seconds").options
+    assert options[-4:] == ["6 h", "1 day", "7 days", "30 days"]
+    # The stored server ran two data-parallel engines: the per-engine charts are drawn from the store.
+    keys = [c.key for c in at.get("plotly_chart")]
+    assert "live-engines-generation_tokens" in keys and "live-kv" in keys and len(keys) == 13, keys
+    at.session_state["window_seconds"] = "1 h"
+    at.run()
+    assert not at.exception
+    assert "live-engines-generation_tokens" not in [c.key for c in at.get("plotly_chart")]  # the live one has one
+
+
+def test_diagnose_judges_the_stored_range_past_the_collectors_hour(store: HistoryStore) -> None:
+    register(fed_collector())
+    at = app("pages/3_Diagnose.py")
+    at.session_state["window_seconds"] = "6 h"
+    at.run()
+    assert not at.exception
+    assert any("read from the history store" in c.value for c in at.caption), [c.value for c in at.caption]
+    assert at.error and "Critical" in at.error[0].value
+    assert "Hung rank" in " ".join(m.value for m in at.markdown)
+
+
+def test_within_the_hour_the_pages_read_the_live_collector(store: HistoryStore) -> None:
+    register(fed_collector())
+    at = app("pages/3_Diagnose.py")
+    at.session_state["window_seconds"] = "1 h"
+    at.run()
+    assert not at.exception
+    assert not any("history store" in c.value for c in at.caption)
+    assert "Hung rank" not in " ".join(m.value for m in at.markdown)
