@@ -35,6 +35,7 @@ DEFAULT_RAW_RETENTION_SECONDS = 900.0
 INFO_REFRESH_SECONDS = 60.0
 HEALTH_EVERY_SECONDS = 5.0
 STALE_AFTER_INTERVALS = 3
+RAW_AROUND_OUTAGE_SECONDS = 300.0  # the /metrics text the history store keeps before and after an outage
 
 GpuReader = Callable[[], GpuReading]
 Sink = Callable[[Record], None]
@@ -98,6 +99,7 @@ class Collector:
         self._store: HistoryStore | None = None
         self._store_info_dirty = False
         self._store_info_changed = False
+        self._keep_raw_until = float("-inf")  # scrapes up to here also give the store their text
 
     # -- readers ---------------------------------------------------------------------------
 
@@ -204,7 +206,11 @@ class Collector:
     def store(self) -> HistoryStore | None:
         return self._store
 
-    def _to_store(self, scrape: Scrape, gpus: GpuReading | None) -> None:
+    def _to_store(self, scrape: Scrape, gpus: GpuReading | None, blob: bytes | None = None,
+                  outage_began: bool = False) -> None:
+        """Hand the scrape to the store; around an outage (from ``RAW_AROUND_OUTAGE_SECONDS`` before its
+        first failure to as long after the recovery) with its ``/metrics`` text, so the incident can be
+        taken back out as a recording of what the server said."""
         store = self._store
         if store is None:
             return
@@ -212,7 +218,14 @@ class Collector:
             info = self._info_payload() if self._store_info_dirty or self._store_info_changed else None
             if info is not None:
                 self._store_info_dirty = self._store_info_changed = False
-        store.record(self.target, scrape, gpus, info)
+            before: tuple[tuple[float, bytes], ...] = ()
+            if outage_began:
+                self._keep_raw_until = float("inf")
+                before = tuple((ts, b) for ts, b, *_ in self._raw
+                               if b is not None and ts >= scrape.ts - RAW_AROUND_OUTAGE_SECONDS)
+            keep = blob if blob is not None and scrape.ts <= self._keep_raw_until else None
+        store.record_raw(self.target, before)
+        store.record(self.target, scrape, gpus, info, keep)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -264,19 +277,24 @@ class Collector:
         scrape = Scrape(ts, snapshot)
         gpus = self._read_gpus()
         with self._lock:
+            outage_began = False
             if engine_dead is not None:
                 self._error = engine_dead
                 if self._state != "down":
+                    outage_began = self._state == "up"
                     self._state, self._since = "down", ts
             else:
                 if recovering:
                     self._state, self._since = "up", ts
+                    if self._keep_raw_until == float("inf"):
+                        self._keep_raw_until = ts + RAW_AROUND_OUTAGE_SECONDS
                 self._error = None
             self._last_ok = ts
             self._last_attempt = ts
             self._num_scrapes += 1
             self._append(scrape, gpus)
-            self._append_raw(ts, zlib.compress(text.encode("utf-8"), 1), None, None, gpus)
+            blob = zlib.compress(text.encode("utf-8"), 1)
+            self._append_raw(ts, blob, None, None, gpus)
             if info_changed:
                 self._store_info_changed = True
             info_payload = None
@@ -284,7 +302,7 @@ class Collector:
                 info_payload = self._info_payload()
                 self._info_dirty = False
             sinks = list(self._sinks)
-        self._to_store(scrape, gpus)
+        self._to_store(scrape, gpus, blob, outage_began)
         self._emit(sinks, Record(ts, self.target, metrics=text, info=info_payload, gpus=_gpus_json(gpus),
                                  gpu_source=gpus.source if gpus is not None else None))
         return scrape
@@ -293,6 +311,7 @@ class Collector:
         message = str(exc)
         scrape = Scrape(ts, None, message, exc.kind)
         with self._lock:
+            outage_began = self._state == "up"
             if self._state != state:
                 self._state, self._since = state, ts
             self._error = message
@@ -302,7 +321,7 @@ class Collector:
             self._append(scrape, None)
             self._append_raw(ts, None, message, exc.kind, None)
             sinks = list(self._sinks)
-        self._to_store(scrape, None)
+        self._to_store(scrape, None, outage_began=outage_began)
         self._emit(sinks, Record(ts, self.target, error=message, error_kind=exc.kind))
         return scrape
 

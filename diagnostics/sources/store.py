@@ -21,6 +21,7 @@ import queue
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,19 @@ CREATE TABLE IF NOT EXISTS chunks (
     num_rows INTEGER NOT NULL, body BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS chunks_by_time ON chunks (target, tier, end_ts);
 CREATE TABLE IF NOT EXISTS infos (target INTEGER NOT NULL, ts REAL NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS raw (target INTEGER NOT NULL, ts REAL NOT NULL, body BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS raw_by_time ON raw (target, ts);
 """
+RAW_RETENTION_SECONDS = 30 * 86400.0  # the /metrics text kept around outages (see Collector)
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    url: str
+    row: Row | None = None
+    info: Mapping[str, Any] | None = None
+    raw: tuple[tuple[float, bytes], ...] = ()
+    flush: bool = False
 
 
 class StoreError(DiagnosticsError):
@@ -86,6 +99,7 @@ class _Target:
     samplers: list[Downsampler] = field(default_factory=list)
     open_rows: list[list[Row]] = field(default_factory=list)  # per coarse tier: aggregates not yet written
     span_rows: list[Row] = field(default_factory=list)  # the raw tier's current chunk span, written in batches
+    raw: list[tuple[float, bytes]] = field(default_factory=list)  # /metrics texts to keep, not yet written
 
 
 def _kind(exc: sqlite3.Error) -> str:
@@ -131,7 +145,7 @@ class HistoryStore:
         self._lock = threading.RLock()  # guards the read connection and the caches
         self._layouts: dict[int, tuple[Layout, int]] = {}  # id(layout) → (layout, row id)
         self._layout_rows: dict[int, Layout] = {}
-        self._queue: queue.Queue[tuple[str, Row, Mapping[str, Any] | None] | None] = queue.Queue(QUEUE_MAX)
+        self._queue: queue.Queue[_Item | None] = queue.Queue(QUEUE_MAX)
         self._num_dropped = 0
         self._message: str | None = None
         self._writable = False
@@ -228,13 +242,22 @@ class HistoryStore:
     # -- writing ---------------------------------------------------------------------------
 
     def record(self, target: str, scrape: Scrape, gpus: GpuReading | None = None,
-               info: Mapping[str, Any] | None = None) -> None:
+               info: Mapping[str, Any] | None = None, raw: bytes | None = None) -> None:
         """Queue one scrape of ``target`` (never blocks; dropped, and counted, when the writer is far
-        behind or history is read-only)."""
+        behind or history is read-only); ``raw``: its ``/metrics`` text, zlib-compressed, to keep too."""
+        self._put(_Item(target, Row(scrape, gpus), info, ((scrape.ts, raw),) if raw is not None else ()))
+
+    def record_raw(self, target: str, texts: tuple[tuple[float, bytes], ...]) -> None:
+        """Queue ``/metrics`` texts (time, zlib-compressed text) already taken, to keep beside the
+        numbers (the minutes before an outage)."""
+        if texts:
+            self._put(_Item(target, raw=texts))
+
+    def _put(self, item: _Item) -> None:
         if not self._writable:
             return
         try:
-            self._queue.put_nowait((target, Row(scrape, gpus), info))
+            self._queue.put_nowait(item)
         except queue.Full:
             self._num_dropped += 1
 
@@ -244,7 +267,7 @@ class HistoryStore:
             return
         with self._flushed:
             target = self._num_flushes + 1
-            self._queue.put(("", Row(Scrape(0.0, None)), {"flush": True}))
+            self._queue.put(_Item("", flush=True))
             self._flushed.wait_for(lambda: self._num_flushes >= target, timeout)
 
     def close(self) -> None:
@@ -267,17 +290,18 @@ class HistoryStore:
         stopping = False
         while not stopping:
             flush_now = False
+            item: _Item | None
             try:
                 item = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
-                item = ("", None, None)  # type: ignore[assignment]
+                item = _Item("")
             began = time.thread_time()
             if item is None:
                 stopping = flush_now = True
-            elif item[2] is not None and item[2].get("flush"):
+            elif item.flush:
                 flush_now = True
-            elif item[1] is not None:
-                self._take(*item)
+            elif item.row is not None or item.raw:
+                self._take(item)
             if flush_now or time.monotonic() >= deadline:
                 self._commit(final=stopping)
                 deadline = time.monotonic() + batch
@@ -287,18 +311,21 @@ class HistoryStore:
                     self._num_flushes += 1
                     self._flushed.notify_all()
 
-    def _take(self, url: str, row: Row, info: Mapping[str, Any] | None) -> None:
+    def _take(self, item: _Item) -> None:
         if not self._writable:
             return
         try:
-            target = self._target(url)
-            if info is not None:
+            target = self._target(item.url)
+            if item.info is not None and item.row is not None:
                 assert self._writer is not None
-                self._writer.execute("INSERT INTO infos VALUES (?, ?, ?)", (target.id, row.ts, json.dumps(dict(info))))
+                self._writer.execute("INSERT INTO infos VALUES (?, ?, ?)",
+                                     (target.id, item.row.ts, json.dumps(dict(item.info))))
         except sqlite3.Error as exc:
             self._fail(exc)
             return
-        target.pending.append(row)
+        if item.row is not None:
+            target.pending.append(item.row)
+        target.raw.extend(item.raw)
 
     def _target(self, url: str) -> _Target:
         found = self._targets.get(url)
@@ -403,6 +430,12 @@ class HistoryStore:
             self._writer.execute("BEGIN IMMEDIATE")
             for target in self._targets.values():
                 rows, target.pending = target.pending, []
+                texts, target.raw = target.raw, []
+                if texts:
+                    self._writer.execute("DELETE FROM raw WHERE target = ? AND ts >= ? AND ts <= ?",
+                                         (target.id, min(t for t, _ in texts), max(t for t, _ in texts)))
+                    self._writer.executemany("INSERT INTO raw VALUES (?, ?, ?)",
+                                             [(target.id, ts, body) for ts, body in texts])
                 self._write_raw(target, rows)
                 self.num_written += len(rows)
                 self._feed(target, rows, final)
@@ -425,6 +458,7 @@ class HistoryStore:
         self._message = describe_error(self.path, exc)
         for target in self._targets.values():
             target.pending.clear()
+            target.raw.clear()
         # Locked or full may pass (the other process lets go, pruning or an operator frees space).
         if _kind(exc) in ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR"):
             self._retry_at = self._clock() + RETRY_SECONDS
@@ -443,6 +477,11 @@ class HistoryStore:
         for k, tier in enumerate(self.policy.tiers):
             conn.execute("DELETE FROM chunks WHERE tier = ? AND end_ts < ?", (k, now - tier.retention_seconds))
         page = conn.execute("PRAGMA page_size").fetchone()[0]
+        while self._used_bytes(conn, page) > self.policy.max_bytes:  # the kept text goes first
+            oldest = conn.execute("SELECT min(ts) FROM raw").fetchone()[0]
+            if oldest is None:
+                break
+            conn.execute("DELETE FROM raw WHERE ts <= ?", (oldest + 3600,))
         for k in reversed(range(len(self.policy.tiers))):
             while self._used_bytes(conn, page) > self.policy.max_bytes:
                 oldest = conn.execute("SELECT min(end_ts) FROM chunks WHERE tier = ?", (k,)).fetchone()[0]
@@ -450,6 +489,7 @@ class HistoryStore:
                     break
                 conn.execute("DELETE FROM chunks WHERE tier = ? AND end_ts <= ?", (k, oldest))
         conn.execute("DELETE FROM infos WHERE ts < ?", (now - self.policy.retention_seconds,))
+        conn.execute("DELETE FROM raw WHERE ts < ?", (now - min(RAW_RETENTION_SECONDS, self.policy.retention_seconds),))
 
     @staticmethod
     def _used_bytes(conn: sqlite3.Connection, page: int) -> int:
@@ -560,6 +600,20 @@ class HistoryStore:
             rows = downsample(rows, (end - start) / limit)
         return StoredRange(url, start, end, rows, json.loads(info[0]) if info else None, tier)
 
+    def texts(self, url: str, start: float, end: float) -> dict[float, str]:
+        """The ``/metrics`` texts kept of ``url`` from ``start`` to ``end``, by scrape time."""
+        try:
+            with self._lock:
+                conn = self._conn()
+                found = conn.execute("SELECT id FROM targets WHERE url = ?", (url,)).fetchone()
+                if found is None:
+                    return {}
+                got = conn.execute("SELECT ts, body FROM raw WHERE target = ? AND ts >= ? AND ts <= ? ORDER BY ts",
+                                   (found[0], start, end)).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"history store {self.path} cannot be read ({_kind(exc)}: {exc})") from None
+        return {float(ts): zlib.decompress(body).decode("utf-8") for ts, body in got}
+
     def _choose(self, conn: sqlite3.Connection, tid: int, start: float, end: float, limit: int) -> int:
         tiers = self.policy.tiers
         for k, tier in enumerate(tiers):
@@ -651,6 +705,12 @@ class StoredTarget:
         if seconds is not None and rows:
             rows = [r for r in rows if r.ts >= rows[-1].ts - seconds]
         payload = self._read.info if self._read is not None else None
+        texts: dict[float, str] = {}
+        if rows:
+            try:
+                texts = self.store.texts(self.url, rows[0].ts, rows[-1].ts)
+            except StoreError:
+                texts = {}  # the numbers are there: written back as text
         out = []
         for i, row in enumerate(rows):
             s = row.scrape
@@ -660,8 +720,9 @@ class StoredTarget:
             if s.snapshot is None:
                 out.append(Record(s.ts, self.url, error=s.error, error_kind=s.error_kind, info=info))
             else:
-                out.append(Record(s.ts, self.url, metrics=exposition(s.snapshot), info=info, gpus=gpus,
-                                  gpu_source=source))
+                text = texts.get(s.ts) if s.peak is None else None  # an aggregate is no scrape's text
+                out.append(Record(s.ts, self.url, metrics=text if text is not None else exposition(s.snapshot),
+                                  info=info, gpus=gpus, gpu_source=source))
         return out
 
     def status(self) -> TargetStatus:

@@ -231,3 +231,45 @@ def test_a_restarted_collector_shows_the_minutes_before_its_restart(tmp_path: Pa
     after.scrape_once()
     assert len(after.history()) == 31
     again.close()
+
+
+class _TextServer(FakeServer):
+    """A FakeServer that remembers the /metrics text it sent each time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[str] = []
+
+    def __call__(self, request):  # type: ignore[no-untyped-def]
+        response = super().__call__(request)
+        if request.url.path == "/metrics" and self.mode == "up":
+            self.sent.append(response.text)
+        return response
+
+
+def test_the_metrics_text_around_an_outage_is_kept_and_comes_back_in_the_recording(tmp_path: Path) -> None:
+    clock = Clock()
+    server = _TextServer()
+    store = HistoryStore(tmp_path, clock=clock)
+    collector = make(server, clock)
+    collector.use_store(store)
+    times = []
+    for mode in ["up"] * 10 + ["down"] * 3 + ["up"] * 5:
+        server.mode = mode
+        collector.scrape_once()
+        times.append(clock.now)
+        clock.now += 1
+    clock.now += 400  # well past the recovery's five minutes
+    collector.scrape_once()
+    late = clock.now
+    store.flush()
+    kept = store.texts(collector.target, 0, clock.now)
+    up_times = [t for t, m in zip(times, ["up"] * 10 + ["down"] * 3 + ["up"] * 5) if m == "up"]
+    assert sorted(kept) == up_times and late not in kept  # before and after the outage, not later
+    assert [kept[t] for t in up_times] == server.sent[:15]
+    target = StoredTarget(store, collector.target, range_s=clock.now - 999, end=clock.now)
+    records = target.recent_records()
+    assert [r.metrics for r in records if r.ts in kept] == server.sent[:15]  # the server's own words
+    assert next(r for r in records if r.ts == late).metrics != server.sent[-1]  # written back from numbers
+    assert [r.error is not None for r in records].count(True) == 3
+    store.close()
