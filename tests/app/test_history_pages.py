@@ -71,3 +71,27 @@ def test_within_the_hour_the_pages_read_the_live_collector(store: HistoryStore) 
     assert not at.exception
     assert not any("history store" in c.value for c in at.caption)
     assert "Hung rank" not in " ".join(m.value for m in at.markdown)
+
+
+def test_the_sidebar_says_how_far_back_history_goes(store: HistoryStore) -> None:
+    register(fed_collector())
+    at = app("pages/1_Live.py").run()
+    assert not at.exception
+    # The stored recording ended an hour ago and is about a minute long.
+    assert any(c.value.startswith("History store\\: from ") and "min ago" in c.value for c in at.sidebar.caption), \
+        [c.value for c in at.sidebar.caption]
+
+
+def test_a_corrupt_store_is_a_warning_in_the_sidebar_and_live_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "history.sqlite").write_bytes(b"SQLite format 3\x00" + b"\xff" * 4096)
+    broken = HistoryStore(tmp_path)
+    use_history_store(broken)
+    try:
+        register(fed_collector())
+        at = app("pages/1_Live.py").run()
+        assert not at.exception
+        assert any("is corrupt" in w.value and "live collection goes on" in w.value for w in at.sidebar.warning)
+        assert len(at.get("plotly_chart")) == 9  # the live charts, from the collector
+    finally:
+        use_history_store(None)
+        broken.close()
