@@ -14,10 +14,14 @@ import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from diagnostics.collector import Collector, shared_collector, use_history_store
+from diagnostics.core.fleet.promql import parse_duration
+from diagnostics.core.store import DEFAULT_POLICY, StorePolicy
+from diagnostics.core.store.policy import MIB
 from diagnostics.core.targets import normalize_url, targets_from
 from diagnostics.sources import nvml
 from diagnostics.sources.store import HistoryStore, default_data_dir
@@ -48,30 +52,55 @@ def start_flight_recorders(secrets: Mapping[str, Any], env: Mapping[str, str]) -
     return started
 
 
-def history_args(words: Sequence[str]) -> tuple[Path | None, list[str]]:
-    """``--data-dir DIR`` / ``--data-dir=DIR`` / ``--no-history`` taken out of serve's line (the rest
-    goes to Streamlit): the store's directory, or None for no history."""
+@dataclass(frozen=True, slots=True)
+class HistoryArgs:
+    """What serve's line says of the history store (the rest of the line goes to Streamlit)."""
+
+    data_dir: Path | None
+    policy: StorePolicy
+    problem: str | None = None
+
+
+def history_args(words: Sequence[str]) -> tuple[HistoryArgs, list[str]]:
+    """``--data-dir DIR``, ``--no-history``, ``--history-max-mib N`` and ``--history-retention 7d``
+    (``=`` forms too) taken out of serve's line."""
     rest: list[str] = []
     chosen: Path | None = default_data_dir()
+    max_bytes: int | None = None
+    retention: float | None = None
+    problem = None
+    flags = ("--data-dir", "--history-max-mib", "--history-retention")
     it = iter(words)
     for word in it:
+        name, eq, value = word.partition("=")
         if word == "--no-history":
             chosen = None
-        elif word == "--data-dir":
-            chosen = Path(next(it, "")).expanduser()
-        elif word.startswith("--data-dir="):
-            chosen = Path(word.split("=", 1)[1]).expanduser()
-        else:
+            continue
+        if name not in flags:
             rest.append(word)
-    return chosen, rest
+            continue
+        if not eq:
+            value = next(it, "")
+        try:
+            if name == "--data-dir":
+                chosen = Path(value).expanduser()
+            elif name == "--history-max-mib":
+                max_bytes = int(float(value) * MIB)
+            else:
+                retention = parse_duration(value)
+        except ValueError as exc:
+            problem = f"{name} {value!r}: {exc}"
+    policy = DEFAULT_POLICY.limited(max_bytes=max_bytes, retention_seconds=retention)
+    problem = problem or ("; ".join(policy.problems()) or None)
+    return HistoryArgs(chosen, policy, problem), rest
 
 
-def open_history(data_dir: Path | None) -> HistoryStore | None:
+def open_history(spec: HistoryArgs) -> HistoryStore | None:
     """The store every shared collector writes to (and reads its last hour back from), said on stderr."""
-    if data_dir is None:
+    if spec.data_dir is None:
         print("history store: off", file=sys.stderr, flush=True)
         return None
-    store = HistoryStore(data_dir)
+    store = HistoryStore(spec.data_dir, spec.policy)
     use_history_store(store)
     if store.state.message:
         print(f"warning: {store.state.message}", file=sys.stderr, flush=True)
@@ -93,8 +122,11 @@ def serve(streamlit_args: Sequence[str]) -> int:
         print("error: serve runs from a checkout of the repository (app.py and pages/ are not installed); "
               "use ./scripts/run.sh there", file=sys.stderr)
         return 2
-    data_dir, streamlit_args = history_args(streamlit_args)
-    store = open_history(data_dir)
+    spec, streamlit_args = history_args(streamlit_args)
+    if spec.problem:
+        print(f"error: {spec.problem}", file=sys.stderr)
+        return 2
+    store = open_history(spec)
     recorders = start_flight_recorders(read_secrets(ROOT / ".streamlit" / "secrets.toml"), os.environ)
     if recorders:
         names = ", ".join(_history_line(store, c) for c in recorders)

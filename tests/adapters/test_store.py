@@ -273,3 +273,15 @@ def test_the_metrics_text_around_an_outage_is_kept_and_comes_back_in_the_recordi
     assert next(r for r in records if r.ts == late).metrics != server.sent[-1]  # written back from numbers
     assert [r.error is not None for r in records].count(True) == 3
     store.close()
+
+
+def test_serve_takes_the_history_flags_off_streamlits_line() -> None:
+    from diagnostics.ui.serve import history_args
+
+    spec, rest = history_args(["--server.port", "8600", "--data-dir", "/tmp/h", "--history-max-mib=64",
+                               "--history-retention", "2d"])
+    assert rest == ["--server.port", "8600"] and spec.data_dir == Path("/tmp/h") and spec.problem is None
+    assert spec.policy.max_bytes == 64 << 20 and spec.policy.retention_seconds == 2 * 86400
+    assert history_args(["--no-history"])[0].data_dir is None
+    assert "at least 1 MiB" in (history_args(["--history-max-mib", "0.5"])[0].problem or "")
+    assert "--history-retention" in (history_args(["--history-retention", "soon"])[0].problem or "")

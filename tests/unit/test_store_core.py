@@ -153,3 +153,13 @@ def test_the_default_policy_is_bounded_and_a_bad_one_says_why() -> None:
     assert "every scrape" in problems and "finite" in problems and "1 MiB" in problems
     short = StorePolicy(tiers=(Tier(0.0, 600.0, 60.0), Tier(10.0, 3600.0, 3600.0)))
     assert any("two of tier 1's chunks" in p for p in short.problems())
+
+
+def test_an_operators_limits_bound_every_tier_and_the_size() -> None:
+    week = DEFAULT_POLICY.limited(max_bytes=64 << 20, retention_seconds=7 * 86400)
+    assert week.problems() == [] and week.max_bytes == 64 << 20
+    assert max(t.retention_seconds for t in week.tiers) == 7 * 86400
+    assert [t.interval_seconds for t in week.tiers] == [0.0, 15.0, 60.0, 1800.0]
+    hour = DEFAULT_POLICY.limited(retention_seconds=3600)
+    assert hour.problems() == [] and [t.interval_seconds for t in hour.tiers] == [0.0, 15.0]
+    assert DEFAULT_POLICY.limited(max_bytes=1000).problems() == ["the size cap must be at least 1 MiB"]

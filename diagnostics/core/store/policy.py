@@ -86,6 +86,21 @@ class StorePolicy:
         """How far back the store reaches at most (its coarsest tier)."""
         return max(t.retention_seconds for t in self.tiers)
 
+    def limited(self, *, max_bytes: int | None = None, retention_seconds: float | None = None) -> StorePolicy:
+        """This policy under an operator's limits: a smaller size cap, and no tier kept longer than
+        ``retention_seconds`` (the tiers that would then hold nothing are dropped). Check
+        :meth:`problems` on the result."""
+        tiers = self.tiers
+        if retention_seconds is not None:
+            kept = [t for t in tiers if t.interval_seconds == 0 or t.chunk_seconds * 2 <= retention_seconds]
+            tiers = tuple(Tier(t.interval_seconds, min(t.retention_seconds, retention_seconds), t.chunk_seconds)
+                          for t in kept)
+            # A finer tier must still cover two of the next one's chunks (it rebuilds them).
+            tiers = tuple(t for i, t in enumerate(tiers)
+                          if i == 0 or tiers[i - 1].retention_seconds >= 2 * t.chunk_seconds)
+        return StorePolicy(tiers, self.max_bytes if max_bytes is None else max_bytes, self.batch_seconds,
+                           self.max_read_rows)
+
     def describe(self) -> str:
         tiers = ", then ".join(f"{t.name} for {_span(t.retention_seconds)}" for t in self.tiers)
         return f"{tiers}; at most {self.max_bytes / MIB:.0f} MiB"
