@@ -159,13 +159,13 @@ class HistoryStore:
         self._last_maintain = 0.0
         self.writer_cpu_seconds = 0.0  # the writer thread's own CPU time (bench/store.py reads it)
         self.num_written = 0
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            self._message = describe_error(self.path, exc)
-            self._reader: sqlite3.Connection | None = None
-            return
-        self._reader = None
+        self._reader: sqlite3.Connection | None = None
+        if write:
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                self._message = describe_error(self.path, exc)
+                return
         if write:
             self._open_writer()
         self._open_reader()
@@ -503,6 +503,11 @@ class HistoryStore:
         for (url,) in self._writer.execute("SELECT url FROM targets").fetchall():
             target = self._target(url)
             tiers = self.policy.tiers
+            last_raw = self._last_end(self._writer, target.id, 0)
+            if last_raw is not None:
+                # The raw tier's last span, batch by batch: rewritten whole when the span is over.
+                span = tiers[0].chunk_seconds
+                target.span_rows = self._rows(self._writer, target.id, 0, (last_raw // span) * span, None)
             ends = [self._last_end(self._writer, target.id, k) for k in range(len(tiers))]
             feed = self._rows(self._writer, target.id, 0, ends[1] if len(tiers) > 1 else None, None, exclusive=True)
             for k in range(1, len(tiers)):

@@ -285,3 +285,35 @@ def test_serve_takes_the_history_flags_off_streamlits_line() -> None:
     assert history_args(["--no-history"])[0].data_dir is None
     assert "at least 1 MiB" in (history_args(["--history-max-mib", "0.5"])[0].problem or "")
     assert "--history-retention" in (history_args(["--history-retention", "soon"])[0].problem or "")
+
+
+def _raw_chunks(path: Path) -> list[tuple[float, float, int]]:
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT start_ts, end_ts, num_rows FROM chunks WHERE tier = 0 ORDER BY start_ts").fetchall()
+    conn.close()
+    return [(float(a), float(b), int(n)) for a, b, n in rows]
+
+
+def test_batches_are_rewritten_as_one_chunk_when_their_span_ends_even_across_a_crash(tmp_path: Path) -> None:
+    clock = Clock()
+    clock.now = 6000.0  # a span boundary (spans of 60 s here)
+    url = "http://fake:8000"
+    first = HistoryStore(tmp_path, _small_policy(), clock=clock)
+    for t in range(90):
+        first.record(url, synth.scrape(clock.now + t, gen=float(t)))
+        if t % 5 == 4:
+            first.flush()
+    chunks = _raw_chunks(first.path)
+    assert chunks[0] == (6000.0, 6059.0, 60)  # the first minute: one chunk
+    assert len(chunks) == 7 and sum(n for *_, n in chunks) == 90  # then six 5 s batches
+    first._writable = False  # noqa: SLF001 - killed: nothing more is written
+    first._lock_file.close()  # noqa: SLF001
+    second = HistoryStore(tmp_path, _small_policy(), clock=clock)
+    for t in range(90, 125):
+        second.record(url, synth.scrape(clock.now + t, gen=float(t)))
+        if t % 5 == 4:
+            second.flush()
+    chunks = _raw_chunks(second.path)
+    assert chunks[:2] == [(6000.0, 6059.0, 60), (6060.0, 6119.0, 60)]  # the batches before the crash too
+    assert sum(n for *_, n in chunks) == 125
+    second.close()
