@@ -317,3 +317,26 @@ def test_batches_are_rewritten_as_one_chunk_when_their_span_ends_even_across_a_c
     assert chunks[:2] == [(6000.0, 6059.0, 60), (6060.0, 6119.0, 60)]  # the batches before the crash too
     assert sum(n for *_, n in chunks) == 125
     second.close()
+
+
+def test_the_cli_names_the_targets_a_store_holds_and_says_when_it_has_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clock = Clock()
+    store = HistoryStore(tmp_path, clock=clock)
+    for url in ("http://a:1", "http://b:2"):
+        for t in range(5):
+            store.record(url, synth.scrape(clock.now + t, gen=float(t)))
+    store.close()
+    until = str(clock.now + 10)
+    assert main(["diagnose", "--data-dir", str(tmp_path), "--since", "1m", "--until", until]) == 3
+    said = capsys.readouterr().err
+    assert "--url is needed" in said and "http://a:1, http://b:2" in said
+    assert main(["status", "--data-dir", str(tmp_path), "--since", "1m", "--until", until, "--url", "http://b:2",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "up"
+    assert main(["diagnose", "--data-dir", str(tmp_path), "--since", "1m", "--until", until, "--url",
+                 "http://c:3"]) == 3
+    assert "no history of http://c:3" in capsys.readouterr().err
+    empty = tmp_path / "nothing-here"
+    assert main(["record", "--from-store", "--data-dir", str(empty), "-o", str(tmp_path / "x.jsonl")]) == 3
+    assert "does not exist yet" in capsys.readouterr().err and not empty.exists()
