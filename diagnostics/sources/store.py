@@ -462,11 +462,16 @@ class HistoryStore:
         # Locked or full may pass (the other process lets go, pruning or an operator frees space).
         if _kind(exc) in ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR"):
             self._retry_at = self._clock() + RETRY_SECONDS
-        while True:  # what was queued cannot be written now
+        kept: list[_Item | None] = []
+        while True:  # the scrapes queued cannot be written now; a flush or the close still has to be seen
             try:
-                self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 break
+            if item is None or item.flush:
+                kept.append(item)
+        for item in kept:
+            self._queue.put(item)
 
     def _maintain(self) -> None:
         """Drop what aged out of each tier, then prune to the size cap (coarsest, oldest first)."""
