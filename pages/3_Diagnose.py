@@ -26,7 +26,7 @@ if source == "the live target":
     if target is None:
         st.info("Pick a target in the sidebar first.")
         st.stop()
-    collector = resources.source(target)
+    collector = resources.source(target, ranged=True)
     if target.prometheus is not None or resources.is_stored(collector):
         # Read through Prometheus or the history store: the window is the range chosen (hours back).
         history, info, gpus = collector.history(), collector.status().info, collector.gpu_history()

@@ -59,14 +59,15 @@ def collector(url: str, api_key: str | None, gpu_metrics_url: str | None = None)
     return shared_collector(url, api_key, gpu_reader=_nvml_reader()[0], gpu_metrics_url=gpu_metrics_url)
 
 
-def source(target: Selected) -> TargetSource:
+def source(target: Selected, *, ranged: bool = False) -> TargetSource:
     """Where a page reads a target's history: its shared collector, or Prometheus for an instance
-    opened from the Fleet page (re-read at most once per refresh; a failed read keeps the last)."""
+    opened from the Fleet page (re-read at most once per refresh; a failed read keeps the last).
+    ``ranged`` (Live, Diagnose): a sidebar window past the collector's hour reads the history store."""
     if target.prometheus is None:
         live = collector(target.url, target.api_key, target.gpu_metrics_url)
         seconds = state.window_seconds()
         store = history_store()
-        if store is not None and seconds > live.retention_seconds:
+        if ranged and store is not None and seconds > live.retention_seconds:
             return _stored_target(live.target, seconds, max(1.0, state.refresh_seconds() - 0.5))
         return live
     ref = target.prometheus
