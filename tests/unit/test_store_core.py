@@ -163,3 +163,18 @@ def test_an_operators_limits_bound_every_tier_and_the_size() -> None:
     hour = DEFAULT_POLICY.limited(retention_seconds=3600)
     assert hour.problems() == [] and [t.interval_seconds for t in hour.tiers] == [0.0, 15.0]
     assert DEFAULT_POLICY.limited(max_bytes=1000).problems() == ["the size cap must be at least 1 MiB"]
+
+
+def test_live_draws_the_peak_a_downsampled_range_keeps() -> None:
+    from diagnostics.core.figures.live import kv_usage_figure
+
+    raw = _per_second(600)  # the one-second spike at t=13
+    shown = [r.scrape for r in downsample(raw, 60.0)]
+    fig = kv_usage_figure(shown, None)
+    assert fig is not None
+    peak = next(t for t in fig.data if t.name == "peak in the interval")
+    last = next(t for t in fig.data if t.name == "KV-cache usage")
+    assert max(v for v in peak.y if v is not None) == 90.0 and max(v for v in last.y if v is not None) == 20.0
+    # Every scrape as taken: no peak line.
+    plain = kv_usage_figure([r.scrape for r in raw], None)
+    assert plain is not None and all(t.name != "peak in the interval" for t in plain.data)
