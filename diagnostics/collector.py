@@ -13,7 +13,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from diagnostics.core.metrics.catalog import parse_snapshot
@@ -407,18 +407,28 @@ class Collector:
 _REGISTRY: dict[tuple[str, str], Collector] = {}
 _REGISTRY_LOCK = threading.Lock()
 _STORE: list[HistoryStore] = []  # the process's history store (serve's --data-dir), when one is open
+_STORED: list[frozenset[str] | None] = [None]  # the targets it keeps (None: every target)
 
 
-def use_history_store(store: HistoryStore | None) -> None:
-    """Give every shared collector started from now on this history store (None: none)."""
+def use_history_store(store: HistoryStore | None, targets: Iterable[str] | None = None) -> None:
+    """Give the shared collectors of ``targets`` (normalised URLs; None: every target) started from
+    now on this history store (``store`` None: none)."""
     with _REGISTRY_LOCK:
         _STORE[:] = [store] if store is not None else []
+        _STORED[0] = frozenset(targets) if targets is not None else None
 
 
-def history_store() -> HistoryStore | None:
-    """The process's history store, if :func:`use_history_store` opened one."""
+def history_store(url: str | None = None) -> HistoryStore | None:
+    """The process's history store, if :func:`use_history_store` opened one (and, given ``url``,
+    only if it keeps that target's history)."""
     with _REGISTRY_LOCK:
-        return _STORE[0] if _STORE else None
+        store = _STORE[0] if _STORE else None
+        if store is None or url is None or _STORED[0] is None:
+            return store
+        try:
+            return store if normalize_url(url) in _STORED[0] else None
+        except ValueError:
+            return None
 
 
 def _gpus_json(reading: GpuReading | None) -> list[dict[str, Any]] | None:
@@ -462,7 +472,7 @@ def shared_collector(
                 gpu_source=dcgm.url if dcgm is not None else "NVML" if gpu_reader else None,
             )
             _REGISTRY[key] = collector
-            if _STORE:
+            if _STORE and (_STORED[0] is None or key[0] in _STORED[0]):
                 collector.use_store(_STORE[0])
             collector.start()
         elif wanted is not None and collector.gpu_source != "".join(wanted):

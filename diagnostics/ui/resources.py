@@ -66,9 +66,9 @@ def source(target: Selected, *, ranged: bool = False) -> TargetSource:
     if target.prometheus is None:
         live = collector(target.url, target.api_key, target.gpu_metrics_url)
         seconds = state.window_seconds()
-        store = history_store()
+        store = history_store(live.target)
         if ranged and store is not None and seconds > live.retention_seconds:
-            return _stored_target(live.target, seconds, max(1.0, state.refresh_seconds() - 0.5))
+            return _stored_target(live.target, seconds, max(1.0, state.refresh_seconds() - 0.5), str(store.path), store)
         return live
     ref = target.prometheus
     prom = _prometheus_target(ref.url, ref.selector, ref.instance, ref.model, state.prom_range_seconds())
@@ -77,10 +77,9 @@ def source(target: Selected, *, ranged: bool = False) -> TargetSource:
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _stored_target(url: str, range_s: int, refresh_s: float) -> StoredTarget:
-    store = history_store()
-    assert store is not None
-    return StoredTarget(store, url, range_s=range_s, refresh_seconds=refresh_s)
+def _stored_target(url: str, range_s: int, refresh_s: float, path: str, _store: HistoryStore) -> StoredTarget:
+    """One per target, range and store file (``_store`` is not hashed: the path names it)."""
+    return StoredTarget(_store, url, range_s=range_s, refresh_seconds=refresh_s)
 
 
 def is_stored(source: object) -> bool:
@@ -88,9 +87,10 @@ def is_stored(source: object) -> bool:
     return isinstance(source, StoredTarget)
 
 
-def store() -> HistoryStore | None:
-    """The history store serve opened (None: history is off or this is not serve)."""
-    return history_store()
+def store(url: str | None = None) -> HistoryStore | None:
+    """The history store serve opened (None: history is off, this is not serve, or — given ``url`` —
+    it does not keep that target)."""
+    return history_store(url)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)

@@ -37,6 +37,17 @@ def read_secrets(path: Path) -> dict[str, Any]:
         return {}
 
 
+def configured_urls(secrets: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
+    """The configured targets' normalised URLs (those that can be used)."""
+    out = []
+    for target in targets_from(secrets, env).targets:
+        try:
+            out.append(normalize_url(target.url))
+        except ValueError:
+            continue
+    return out
+
+
 def start_flight_recorders(secrets: Mapping[str, Any], env: Mapping[str, str]) -> list[Collector]:
     """Start the shared collector of every configured target (a URL that cannot be used is left
     for the sidebar to report)."""
@@ -95,13 +106,14 @@ def history_args(words: Sequence[str]) -> tuple[HistoryArgs, list[str]]:
     return HistoryArgs(chosen, policy, problem), rest
 
 
-def open_history(spec: HistoryArgs) -> HistoryStore | None:
-    """The store every shared collector writes to (and reads its last hour back from), said on stderr."""
+def open_history(spec: HistoryArgs, urls: Sequence[str]) -> HistoryStore | None:
+    """The store the configured targets' collectors write to (and read their last hour back from),
+    said on stderr; a URL typed in the sidebar and the simulated engine are not kept."""
     if spec.data_dir is None:
         print("history store: off", file=sys.stderr, flush=True)
         return None
     store = HistoryStore(spec.data_dir, spec.policy)
-    use_history_store(store)
+    use_history_store(store, urls)
     if store.state.message:
         print(f"warning: {store.state.message}", file=sys.stderr, flush=True)
     else:
@@ -126,8 +138,9 @@ def serve(streamlit_args: Sequence[str]) -> int:
     if spec.problem:
         print(f"error: {spec.problem}", file=sys.stderr)
         return 2
-    store = open_history(spec)
-    recorders = start_flight_recorders(read_secrets(ROOT / ".streamlit" / "secrets.toml"), os.environ)
+    secrets = read_secrets(ROOT / ".streamlit" / "secrets.toml")
+    store = open_history(spec, configured_urls(secrets, os.environ))
+    recorders = start_flight_recorders(secrets, os.environ)
     if recorders:
         names = ", ".join(_history_line(store, c) for c in recorders)
         print(f"flight recorder: collecting {names}", file=sys.stderr, flush=True)

@@ -77,7 +77,9 @@ def sidebar(config: TargetsConfig) -> Selected | None:
         selected = None
     sb.header("View")
     _persisted(sb.select_slider, state.REFRESH_SECONDS, "Refresh every (s)", options=state.REFRESH_CHOICES)
-    store = resources.store()
+    store = resources.store(selected.url if selected is not None and selected.prometheus is None else None)
+    if selected is not None and selected.prometheus is not None:
+        store = None
     stored = list(state.STORED_WINDOW_CHOICES) if store is not None else []
     _persisted(sb.radio, state.WINDOW_SECONDS, "Time window", list(state.WINDOW_CHOICES) + stored, horizontal=True,
                help="Past 1 h the pages read the history store (aggregates: each point the last value, "

@@ -340,3 +340,19 @@ def test_the_cli_names_the_targets_a_store_holds_and_says_when_it_has_nothing(
     empty = tmp_path / "nothing-here"
     assert main(["record", "--from-store", "--data-dir", str(empty), "-o", str(tmp_path / "x.jsonl")]) == 3
     assert "does not exist yet" in capsys.readouterr().err and not empty.exists()
+
+
+def test_only_the_configured_targets_are_kept(tmp_path: Path) -> None:
+    from diagnostics.collector import history_store, shared_collector, stop_all, use_history_store
+
+    store = HistoryStore(tmp_path)
+    use_history_store(store, ["http://127.0.0.1:9"])
+    try:
+        kept = shared_collector("http://127.0.0.1:9")
+        typed = shared_collector("http://127.0.0.1:10")
+        assert kept.store is store and typed.store is None
+        assert history_store("http://127.0.0.1:9/") is store and history_store("http://127.0.0.1:10") is None
+    finally:
+        stop_all()
+        use_history_store(None)
+        store.close()
