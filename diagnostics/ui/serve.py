@@ -5,6 +5,8 @@ begins when the engineer arrives, and the minutes before are gone. Here the conf
 (``VLLM_URL`` and ``[targets]`` in ``.streamlit/secrets.toml``) get their shared collectors first,
 in this process, and Streamlit then runs in the same process: the pages find those collectors in
 the registry (:func:`diagnostics.collector.shared_collector`), history bounded by its retention.
+Those collectors also write the history store (``--data-dir``, :mod:`diagnostics.sources.store`) and
+first take back its last hour, so a restarted dashboard shows the minutes before its restart.
 """
 
 from __future__ import annotations
