@@ -95,3 +95,33 @@ def test_a_corrupt_store_is_a_warning_in_the_sidebar_and_live_goes_on(tmp_path: 
     finally:
         use_history_store(None)
         broken.close()
+
+
+def test_live_renders_a_thirty_day_range(tmp_path: Path) -> None:
+    """Thirty days of 30 min aggregates (the coarsest tier) of a real two-engine recording's series:
+    Live draws every chart of them, the per-engine ones included."""
+    from diagnostics.core.store import DEFAULT_POLICY, Row, downsample
+
+    scrapes = [s for s in read_recording(HUNG).scrapes() if s.snapshot is not None]
+    now = time.time()
+    step = DEFAULT_POLICY.tiers[-1].interval_seconds
+    n = int(30 * 86400 / step)
+    rows = []
+    for i in range(n):  # the recording's scrapes in turn, one per 30 min (two a step: an aggregate each)
+        a, b = scrapes[(2 * i) % len(scrapes)], scrapes[(2 * i + 1) % len(scrapes)]
+        t = now - 30 * 86400 + i * step
+        rows += [Row(Scrape(t, a.snapshot)), Row(Scrape(t + 1, b.snapshot))]
+    month = HistoryStore(tmp_path)
+    month.write_rows(URL, len(DEFAULT_POLICY.tiers) - 1, downsample(rows, step))
+    use_history_store(month)
+    try:
+        register(fed_collector())
+        at = app("pages/1_Live.py")
+        at.session_state["window_seconds"] = "30 days"
+        at.run()
+        assert not at.exception
+        charts = at.get("plotly_chart")
+        assert len(charts) == 13 and "live-engines-generation_tokens" in [c.key for c in charts]
+    finally:
+        use_history_store(None)
+        month.close()
