@@ -356,3 +356,41 @@ def test_only_the_configured_targets_are_kept(tmp_path: Path) -> None:
         stop_all()
         use_history_store(None)
         store.close()
+
+
+def test_past_the_size_cap_the_coarsest_tiers_oldest_chunks_go_first(tmp_path: Path) -> None:
+    import random
+    from array import array
+
+    from diagnostics.core.metrics.catalog import Snapshot
+    from diagnostics.core.metrics.derive import Scrape
+    from diagnostics.core.store import Row
+
+    rng = random.Random(7)
+    base = read_recording(HERE / "healthy_bursty.jsonl.gz").scrapes()[-1].snapshot  # 289 numbers
+    assert base is not None
+
+    def noisy(ts: float) -> Row:  # numbers that do not compress: ~2 KB a row
+        values = array("d", (rng.random() for _ in base.values))
+        return Row(Scrape(ts, Snapshot(base.layout, values, base.cache_config, base.process_start_time_seconds)))
+
+    policy = StorePolicy(max_bytes=1 << 20)
+    clock = Clock()
+    clock.now = 40 * 86400.0
+    store = HistoryStore(tmp_path, policy, clock=clock)
+    url = "http://fake:8000"
+    day = 86400.0
+    store.write_rows(url, 3, [noisy(clock.now - 29 * day + i * 1800) for i in range(600)])  # ~12 days
+    store.write_rows(url, 1, [noisy(clock.now - 3600 + i * 15) for i in range(200)])
+    store.flush()
+    store._maintain()  # noqa: SLF001 - the writer runs it every minute
+    conn = sqlite3.connect(store.path)
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    used = (conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]) * page
+    assert used <= policy.max_bytes
+    (kept_1,) = conn.execute("SELECT sum(num_rows) FROM chunks WHERE tier = 1").fetchone()
+    oldest_3, kept_3 = conn.execute("SELECT min(start_ts), sum(num_rows) FROM chunks WHERE tier = 3").fetchone()
+    assert kept_1 == 200  # the finer tier untouched
+    assert 0 < kept_3 < 600 and oldest_3 > clock.now - 29 * day  # the oldest coarse rows went
+    conn.close()
+    store.close()
