@@ -13,7 +13,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from diagnostics.core.metrics.catalog import parse_snapshot
@@ -25,6 +25,7 @@ from diagnostics.core.targets import normalize_url
 from diagnostics.errors import BadPayload, NotVllm, TargetError, TargetHTTPError
 from diagnostics.recording import Record
 from diagnostics.sources.dcgm_http import DcgmReader, split_gpu_metrics_url
+from diagnostics.sources.store import HistoryStore, StoreError
 from diagnostics.sources.vllm_http import VllmClient
 
 MIN_INTERVAL_SECONDS = 0.25
@@ -34,6 +35,7 @@ DEFAULT_RAW_RETENTION_SECONDS = 900.0
 INFO_REFRESH_SECONDS = 60.0
 HEALTH_EVERY_SECONDS = 5.0
 STALE_AFTER_INTERVALS = 3
+RAW_AROUND_OUTAGE_SECONDS = 300.0  # the /metrics text the history store keeps before and after an outage
 
 GpuReader = Callable[[], GpuReading]
 Sink = Callable[[Record], None]
@@ -94,6 +96,10 @@ class Collector:
         self._engine_dead: str | None = None
         self._num_scrapes = 0
         self._num_failures = 0
+        self._store: HistoryStore | None = None
+        self._store_info_dirty = False
+        self._store_info_changed = False
+        self._keep_raw_until = float("-inf")  # scrapes up to here also give the store their text
 
     # -- readers ---------------------------------------------------------------------------
 
@@ -169,6 +175,58 @@ class Collector:
             if sink in self._sinks:
                 self._sinks.remove(sink)
 
+    def use_store(self, store: HistoryStore, preload: bool = True) -> tuple[float, float] | None:
+        """Write every scrape to ``store`` from now on (the writer batches them off this thread), and
+        first, with ``preload``, take back what it holds of this target's last retention (a
+        restarted dashboard shows the minutes before its restart). Returns how far back the store's
+        history of this target goes (None: nothing yet)."""
+        extent = None
+        if preload:
+            try:
+                extent = store.extent(self.target)
+                if extent is not None:
+                    now = self._clock()
+                    got = store.read(self.target, now - self.retention_seconds, now,
+                                     max_rows=int(self.retention_seconds / self.interval_seconds) + 2)
+                    with self._lock:
+                        known = self._history[0].ts if self._history else float("inf")
+                        older = [r for r in got.rows if r.ts < known]
+                        self._history.extendleft(reversed([r.scrape for r in older]))
+                        self._gpus.extendleft(reversed([(r.ts, r.gpus) for r in older if r.gpus is not None]))
+                        if self._info is None and got.info is not None:
+                            self._info = ServerInfo.from_json(got.info.get("version"), got.info.get("models"))
+            except StoreError:
+                extent = None  # the store says why in its state; collection goes on without it
+        with self._lock:
+            self._store = store
+            self._store_info_dirty = True
+        return extent
+
+    @property
+    def store(self) -> HistoryStore | None:
+        return self._store
+
+    def _to_store(self, scrape: Scrape, gpus: GpuReading | None, blob: bytes | None = None,
+                  outage_began: bool = False) -> None:
+        """Hand the scrape to the store; around an outage (from ``RAW_AROUND_OUTAGE_SECONDS`` before its
+        first failure to as long after the recovery) with its ``/metrics`` text, so the incident can be
+        taken back out as a recording of what the server said."""
+        store = self._store
+        if store is None:
+            return
+        with self._lock:
+            info = self._info_payload() if self._store_info_dirty or self._store_info_changed else None
+            if info is not None:
+                self._store_info_dirty = self._store_info_changed = False
+            before: tuple[tuple[float, bytes], ...] = ()
+            if outage_began:
+                self._keep_raw_until = float("inf")
+                before = tuple((ts, b) for ts, b, *_ in self._raw
+                               if b is not None and ts >= scrape.ts - RAW_AROUND_OUTAGE_SECONDS)
+            keep = blob if blob is not None and scrape.ts <= self._keep_raw_until else None
+        store.record_raw(self.target, before)
+        store.record(self.target, scrape, gpus, info, keep)
+
     # -- the loop --------------------------------------------------------------------------
 
     def start(self) -> Collector:
@@ -219,24 +277,32 @@ class Collector:
         scrape = Scrape(ts, snapshot)
         gpus = self._read_gpus()
         with self._lock:
+            outage_began = False
             if engine_dead is not None:
                 self._error = engine_dead
                 if self._state != "down":
+                    outage_began = self._state == "up"
                     self._state, self._since = "down", ts
             else:
                 if recovering:
                     self._state, self._since = "up", ts
+                    if self._keep_raw_until == float("inf"):
+                        self._keep_raw_until = ts + RAW_AROUND_OUTAGE_SECONDS
                 self._error = None
             self._last_ok = ts
             self._last_attempt = ts
             self._num_scrapes += 1
             self._append(scrape, gpus)
-            self._append_raw(ts, zlib.compress(text.encode("utf-8"), 1), None, None, gpus)
+            blob = zlib.compress(text.encode("utf-8"), 1)
+            self._append_raw(ts, blob, None, None, gpus)
+            if info_changed:
+                self._store_info_changed = True
             info_payload = None
             if info_changed or self._info_dirty:
                 info_payload = self._info_payload()
                 self._info_dirty = False
             sinks = list(self._sinks)
+        self._to_store(scrape, gpus, blob, outage_began)
         self._emit(sinks, Record(ts, self.target, metrics=text, info=info_payload, gpus=_gpus_json(gpus),
                                  gpu_source=gpus.source if gpus is not None else None))
         return scrape
@@ -245,6 +311,7 @@ class Collector:
         message = str(exc)
         scrape = Scrape(ts, None, message, exc.kind)
         with self._lock:
+            outage_began = self._state == "up"
             if self._state != state:
                 self._state, self._since = state, ts
             self._error = message
@@ -254,6 +321,7 @@ class Collector:
             self._append(scrape, None)
             self._append_raw(ts, None, message, exc.kind, None)
             sinks = list(self._sinks)
+        self._to_store(scrape, None, outage_began=outage_began)
         self._emit(sinks, Record(ts, self.target, error=message, error_kind=exc.kind))
         return scrape
 
@@ -338,6 +406,29 @@ class Collector:
 
 _REGISTRY: dict[tuple[str, str], Collector] = {}
 _REGISTRY_LOCK = threading.Lock()
+_STORE: list[HistoryStore] = []  # the process's history store (serve's --data-dir), when one is open
+_STORED: list[frozenset[str] | None] = [None]  # the targets it keeps (None: every target)
+
+
+def use_history_store(store: HistoryStore | None, targets: Iterable[str] | None = None) -> None:
+    """Give the shared collectors of ``targets`` (normalised URLs; None: every target) started from
+    now on this history store (``store`` None: none)."""
+    with _REGISTRY_LOCK:
+        _STORE[:] = [store] if store is not None else []
+        _STORED[0] = frozenset(targets) if targets is not None else None
+
+
+def history_store(url: str | None = None) -> HistoryStore | None:
+    """The process's history store, if :func:`use_history_store` opened one (and, given ``url``,
+    only if it keeps that target's history)."""
+    with _REGISTRY_LOCK:
+        store = _STORE[0] if _STORE else None
+        if store is None or url is None or _STORED[0] is None:
+            return store
+        try:
+            return store if normalize_url(url) in _STORED[0] else None
+        except ValueError:
+            return None
 
 
 def _gpus_json(reading: GpuReading | None) -> list[dict[str, Any]] | None:
@@ -381,6 +472,8 @@ def shared_collector(
                 gpu_source=dcgm.url if dcgm is not None else "NVML" if gpu_reader else None,
             )
             _REGISTRY[key] = collector
+            if _STORE and (_STORED[0] is None or key[0] in _STORED[0]):
+                collector.use_store(_STORE[0])
             collector.start()
         elif wanted is not None and collector.gpu_source != "".join(wanted):
             # Built only when the URL changes: pages ask on every refresh.

@@ -17,7 +17,7 @@ if target is None:
 
 @st.fragment(run_every=state.refresh_seconds())
 def live() -> None:
-    collector = resources.source(target)
+    collector = resources.source(target, ranged=True)
     status, history, gpus = collector.status(), collector.history(), collector.gpu_history()
     cards.status_banner(status)
     cards.headline(derive_state(history, state.quantile_window_seconds()), status, history)

@@ -26,11 +26,13 @@ if source == "the live target":
     if target is None:
         st.info("Pick a target in the sidebar first.")
         st.stop()
-    collector = resources.source(target)
-    if target.prometheus is not None:
-        # Read through Prometheus: the window is the Fleet page's range (hours back, not minutes).
+    collector = resources.source(target, ranged=True)
+    if target.prometheus is not None or resources.is_stored(collector):
+        # Read through Prometheus or the history store: the window is the range chosen (hours back).
         history, info, gpus = collector.history(), collector.status().info, collector.gpu_history()
-        st.caption(f"Window: the Fleet page's range ({state.get(state.PROM_RANGE)}) read from Prometheus.")
+        st.caption(f"Window: the sidebar's {state.get(state.WINDOW_SECONDS)} read from the history store."
+                   if target.prometheus is None else
+                   f"Window: the Fleet page's range ({state.get(state.PROM_RANGE)}) read from Prometheus.")
     else:
         history, info = window(collector.history(), minutes * 60), collector.status().info
         gpus = [g for g in collector.gpu_history() if history and g[0] >= history[0].ts]

@@ -81,13 +81,21 @@ def build_parser() -> Parser:
         p.add_argument("--selector", default="", help='series selector for the vLLM targets, e.g. \'{job="vllm"}\'')
         p.add_argument("--instance", help="with --prometheus: the instance label of the server (needed in a fleet)")
         p.add_argument("--since", type=_duration, default=since, metavar="DURATION",
-                       help="with --prometheus: how far back, e.g. 15m, 2h, 7d" + (f" (default {since})" if since else ""))
+                       help="with --prometheus or the history store: how far back, e.g. 15m, 2h, 7d" + (f" (default {since})" if since else ""))
         p.add_argument("--until", type=_when, metavar="TIME",
-                       help="with --prometheus: the window ends here (Unix seconds or ISO 8601; default now)")
+                       help="with --prometheus or the history store: the window ends here (Unix seconds or ISO 8601; default now)")
+
+    def store_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data-dir", metavar="DIR", help="the history store's directory (default: "
+                       "$VLLM_TRIAGE_DATA_DIR, else $XDG_STATE_HOME/vllm-triage or ~/.local/state/vllm-triage)")
+        p.add_argument("--from-store", action="store_true",
+                       help="read the window from the history store (--since/--until; --url names the target "
+                       "when it holds several); --data-dir with --since implies it")
 
     def target_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--url", help="base URL of the vLLM server, e.g. http://127.0.0.1:8000")
         prometheus_args(p, None)
+        store_args(p)
         p.add_argument(
             "--api-key-env",
             default=DEFAULT_API_KEY_ENV,
@@ -100,10 +108,11 @@ def build_parser() -> Parser:
         p.add_argument("--interval", type=_positive, default=1.0, help="seconds between scrapes (min 0.25)")
         p.add_argument("--timeout", type=_positive, help="seconds a whole request may take (default 2; 15 for Prometheus)")
 
-    record = sub.add_parser("record", help="scrape a server for N seconds into a recording (.jsonl or .jsonl.gz)")
+    record = sub.add_parser("record", help="scrape a server for N seconds into a recording (.jsonl or .jsonl.gz); "
+                            "with --data-dir the scrapes also go to the history store")
     target_args(record)
     record.add_argument("--seconds", type=_positive, help="with --url: how long to record")
-    record.add_argument("--out", required=True, help="output file; .gz compresses")
+    record.add_argument("--out", "-o", required=True, help="output file; .gz compresses")
 
     status = sub.add_parser("status", help="the current derived state of a server or a recording")
     target_args(status)
@@ -144,7 +153,8 @@ def build_parser() -> Parser:
     simulate.add_argument("--host", default="127.0.0.1")
     simulate.add_argument("--speed", type=_positive, default=1.0, help="simulated seconds per wall second")
 
-    serve = sub.add_parser("serve", help="the dashboard, collecting configured targets from start (a flight recorder)")
+    serve = sub.add_parser("serve", help="the dashboard, collecting configured targets from start (a flight recorder) "
+                           "into the history store (--data-dir DIR, --no-history)")
     serve.add_argument("streamlit_args", nargs="*", help="passed to `streamlit run` (e.g. --server.port 8600)")
 
     fleet = sub.add_parser("fleet", help="every vLLM instance behind a Prometheus: state, outliers, worst finding")
@@ -194,22 +204,30 @@ def parse(words: Sequence[str]) -> argparse.Namespace:
     if words[:1] == ["diagnose"]:  # unrecognized arguments are reported by the top-level parser
         parser.usage_exit = EXIT_UNKNOWN
     args = parser.parse_args(words)
-    sources = [bool(getattr(args, k, None)) for k in ("url", "replay", "prometheus")]
+    if getattr(args, "data_dir", None) and (args.since or args.until) and args.command != "record":
+        args.from_store = True
+    store = bool(getattr(args, "from_store", False))
+    if store and (args.prometheus or getattr(args, "replay", None)):
+        parser.error("--from-store reads the history store: not with --prometheus or --replay")
+    # With the store, --url names which of its targets to read.
+    sources = [bool(getattr(args, k, None)) for k in ("url", "replay", "prometheus")] + [store]
+    if store and args.url:
+        sources = sources[1:]
     if args.command == "status" and sum(sources) != 1:
         parser.error("status needs exactly one of --url, --prometheus or --replay")
     if args.command == "record" and sum(sources) != 1:
-        parser.error("record needs exactly one of --url or --prometheus")
+        parser.error("record needs exactly one of --url, --prometheus or --from-store")
     if args.command == "diagnose" and sum(sources) > 1:
         parser.error("diagnose takes one of --url, --prometheus or --replay")
     if args.command == "diagnose" and not (any(sources) or args.log):
         parser.error("diagnose needs --url, --prometheus, --replay or --log")
     if args.command in ("record", "status", "diagnose") and not args.prometheus:
-        for flag in ("selector", "instance", "since", "until"):
+        for flag in ("selector", "instance") if store else ("selector", "instance", "since", "until"):
             if getattr(args, flag, None):
                 parser.error(f"--{flag} goes with --prometheus")
-    if args.command == "record" and args.prometheus and not args.since:
+    if args.command == "record" and (args.prometheus or store) and not args.since:
         args.since = 3600.0
-    if args.command == "record" and args.url and not args.seconds:
+    if args.command == "record" and args.url and not store and not args.seconds:
         parser.error("record --url needs --seconds")
     if getattr(args, "interval", 1.0) < 0.25:
         parser.error("--interval must be at least 0.25 s")

@@ -29,8 +29,8 @@ MAX_PROBE_RETENTION = 900.0  # the longest probe (600 s) and its last requests' 
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    if args.prometheus:
-        target = window.prometheus_window(args, args.since)
+    if args.prometheus or args.from_store:
+        target = window.store_window(args, args.since) if args.from_store else window.prometheus_window(args, args.since)
         try:
             records = target.recent_records()
         except TargetError as exc:
@@ -50,8 +50,13 @@ def cmd_record(args: argparse.Namespace) -> int:
         writer = RecordingWriter(args.out)
     except OSError as exc:
         raise CliError(f"cannot write {args.out}: {exc.strerror}", EXIT_FILE) from None
-    with writer:
-        collector = window.collect(client, args.seconds, args.interval, writer, gpus)
+    store = window.open_store(args, write=True) if args.data_dir else None
+    try:
+        with writer:
+            collector = window.collect(client, args.seconds, args.interval, writer, gpus, store)
+    finally:
+        if store is not None:
+            store.close()
     status = collector.status()
     print(
         f"recorded {writer.num_records} scrapes of {client.base_url} to {args.out} ({status.num_failures} failed)",

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diagnostics.cli.exits import EXIT_FILE, EXIT_NOT_VLLM, EXIT_TARGET, EXIT_USAGE, CliError
@@ -15,10 +16,12 @@ from diagnostics.collector import Collector
 from diagnostics.core.fleet.promql import Scope, parse_selector
 from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.history import HistorySource
+from diagnostics.core.targets import normalize_url
 from diagnostics.errors import BadRecording, NotVllm, TargetError
 from diagnostics.recording import Recording, RecordingWriter, read_recording
 from diagnostics.sources import nvml
 from diagnostics.sources.dcgm_http import DcgmReader
+from diagnostics.sources.store import HistoryStore, StoredTarget, StoreError, default_data_dir
 from diagnostics.sources.vllm_http import VllmClient, api_key_from_env
 
 if TYPE_CHECKING:  # imported when used: the Prometheus client takes longer to import than the rest
@@ -59,11 +62,15 @@ def gpu_reader(args: argparse.Namespace) -> tuple[Callable[[], GpuReading] | Non
 
 
 def collect(vllm: VllmClient, seconds: float, interval: float, writer: RecordingWriter | None,
-            gpus: tuple[Callable[[], GpuReading] | None, str | None] = (None, None)) -> Collector:
-    """Scrape for ``seconds`` in this thread (every ``interval``), each scrape also to ``writer``;
-    ``gpus`` (a reader and its source, :func:`gpu_reader`) read GPU health beside each scrape."""
+            gpus: tuple[Callable[[], GpuReading] | None, str | None] = (None, None),
+            store: HistoryStore | None = None) -> Collector:
+    """Scrape for ``seconds`` in this thread (every ``interval``), each scrape also to ``writer`` (and
+    to ``store``); ``gpus`` (a reader and its source, :func:`gpu_reader`) read GPU health beside each
+    scrape."""
     collector = Collector(vllm, interval_seconds=interval, retention_seconds=max(seconds, interval) + 60,
                           gpu_reader=gpus[0], gpu_source=gpus[1])
+    if store is not None:
+        collector.use_store(store, preload=False)
     if writer is not None:
         collector.add_sink(writer.write)
     deadline = time.monotonic() + seconds
@@ -118,6 +125,54 @@ def prometheus_window(args: argparse.Namespace, since: float) -> PrometheusTarge
     return target
 
 
+def data_dir(args: argparse.Namespace) -> Path:
+    """``--data-dir``, else the default one (exit 2 when history is turned off and none is named)."""
+    named = getattr(args, "data_dir", None)
+    found = Path(named).expanduser() if named else default_data_dir()
+    if found is None:
+        raise CliError("history is off ($VLLM_TRIAGE_DATA_DIR): name a store with --data-dir", EXIT_USAGE)
+    return found
+
+
+def open_store(args: argparse.Namespace, *, write: bool) -> HistoryStore:
+    """The history store of ``--data-dir`` (to write: ``record --url``; else to read)."""
+    store = HistoryStore(data_dir(args), write=write)
+    if write and store.state.message:
+        print(f"warning: {store.state.message}", file=sys.stderr)
+    return store
+
+
+def store_window(args: argparse.Namespace, since: float) -> StoredTarget:
+    """One target's history over the last ``since`` seconds (ending at ``--until``) from the store;
+    ``--url`` picks the target when the store holds several (exit 3 when it holds nothing there)."""
+    store = open_store(args, write=False)
+    try:
+        urls = store.targets()
+    except StoreError as exc:
+        raise CliError(str(exc), EXIT_TARGET) from None
+    if args.url:
+        try:
+            url = normalize_url(args.url)
+        except ValueError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+        if url not in urls:
+            raise CliError(f"the history store {store.path} has no history of {url} (it has: "
+                           f"{', '.join(urls) or 'none'})", EXIT_TARGET)
+    elif len(urls) == 1:
+        url = urls[0]
+    else:
+        raise CliError(f"--url is needed: the history store {store.path} holds {len(urls)} targets "
+                       f"({', '.join(urls) or 'none'})", EXIT_USAGE if urls else EXIT_TARGET)
+    end = args.until if args.until is not None else time.time()
+    target = StoredTarget(store, url, range_s=since, end=end)
+    target.refresh()
+    history = target.history()
+    if not history:
+        status = target.status()
+        raise CliError(status.error or f"no history of {url} in this range", EXIT_TARGET)
+    return target
+
+
 def read(path: str) -> Recording:
     """A recording, with one warning line per skipped line; exit 5 when nothing is usable."""
     try:
@@ -134,6 +189,8 @@ def source(args: argparse.Namespace, *, since: float) -> HistorySource | None:
     server, or ``since`` seconds of one instance from ``--prometheus`` (None when none is given)."""
     if args.replay:
         return read(args.replay).replay()
+    if getattr(args, "from_store", False):
+        return store_window(args, since)
     if args.url:
         vllm = client(args)
         check_first(vllm)

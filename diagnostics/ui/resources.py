@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import streamlit as st
 
-from diagnostics.collector import Collector, shared_collector
+from diagnostics.collector import Collector, history_store, shared_collector
 from diagnostics.core.fleet.promql import Scope
 from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.history import HistorySource, Replay
@@ -23,6 +23,7 @@ from diagnostics.recording import Record, Recording, read_recording
 from diagnostics.sim.server import SimServer
 from diagnostics.sources import nvml
 from diagnostics.sources.prometheus import PrometheusClient
+from diagnostics.sources.store import HistoryStore, StoredTarget
 from diagnostics.ui import state
 from diagnostics.ui.targets import Selected
 
@@ -58,15 +59,38 @@ def collector(url: str, api_key: str | None, gpu_metrics_url: str | None = None)
     return shared_collector(url, api_key, gpu_reader=_nvml_reader()[0], gpu_metrics_url=gpu_metrics_url)
 
 
-def source(target: Selected) -> TargetSource:
+def source(target: Selected, *, ranged: bool = False) -> TargetSource:
     """Where a page reads a target's history: its shared collector, or Prometheus for an instance
-    opened from the Fleet page (re-read at most once per refresh; a failed read keeps the last)."""
+    opened from the Fleet page (re-read at most once per refresh; a failed read keeps the last).
+    ``ranged`` (Live, Diagnose): a sidebar window past the collector's hour reads the history store."""
     if target.prometheus is None:
-        return collector(target.url, target.api_key, target.gpu_metrics_url)
+        live = collector(target.url, target.api_key, target.gpu_metrics_url)
+        seconds = state.window_seconds()
+        store = history_store(live.target)
+        if ranged and store is not None and seconds > live.retention_seconds:
+            return _stored_target(live.target, seconds, max(1.0, state.refresh_seconds() - 0.5), str(store.path), store)
+        return live
     ref = target.prometheus
     prom = _prometheus_target(ref.url, ref.selector, ref.instance, ref.model, state.prom_range_seconds())
     prom.refresh_if_older(max(1.0, state.refresh_seconds() - 0.5))
     return prom
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _stored_target(url: str, range_s: int, refresh_s: float, path: str, _store: HistoryStore) -> StoredTarget:
+    """One per target, range and store file (``_store`` is not hashed: the path names it)."""
+    return StoredTarget(_store, url, range_s=range_s, refresh_seconds=refresh_s)
+
+
+def is_stored(source: object) -> bool:
+    """Whether a page's source is a range read from the history store."""
+    return isinstance(source, StoredTarget)
+
+
+def store(url: str | None = None) -> HistoryStore | None:
+    """The history store serve opened (None: history is off, this is not serve, or — given ``url`` —
+    it does not keep that target)."""
+    return history_store(url)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)

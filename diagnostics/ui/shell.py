@@ -13,8 +13,9 @@ from typing import Any
 import streamlit as st
 
 from diagnostics.core.simulator.scenarios import SCENARIOS
-from diagnostics.core.targets import TargetsConfig
-from diagnostics.core.text import md_escape
+from diagnostics.core.targets import TargetsConfig, normalize_url
+from diagnostics.core.text import fmt_when, md_escape
+from diagnostics.sources.store import HistoryStore, StoreError
 from diagnostics.ui import fleet_view, resources, state
 from diagnostics.ui.targets import Selected, options, resolve
 
@@ -76,7 +77,15 @@ def sidebar(config: TargetsConfig) -> Selected | None:
         selected = None
     sb.header("View")
     _persisted(sb.select_slider, state.REFRESH_SECONDS, "Refresh every (s)", options=state.REFRESH_CHOICES)
-    _persisted(sb.radio, state.WINDOW_SECONDS, "Time window", list(state.WINDOW_CHOICES), horizontal=True)
+    store = resources.store(selected.url if selected is not None and selected.prometheus is None else None)
+    if selected is not None and selected.prometheus is not None:
+        store = None
+    stored = list(state.STORED_WINDOW_CHOICES) if store is not None else []
+    _persisted(sb.radio, state.WINDOW_SECONDS, "Time window", list(state.WINDOW_CHOICES) + stored, horizontal=True,
+               help="Past 1 h the pages read the history store (aggregates: each point the last value, "
+               "counters' increases kept)." if stored else None)
+    if store is not None:
+        history_note(store, selected)
     _persisted(
         sb.radio,
         state.QUANTILE_WINDOW_SECONDS,
@@ -134,6 +143,21 @@ def simulation_note(selected: Selected | None) -> None:
             f"**Simulated engine** — not a real server. Scenario: {md_escape(scenario.title)} "
             f"({md_escape(scenario.symptom)}). Point the sidebar at a real `vllm serve` to triage it."
         )
+
+
+def history_note(store: HistoryStore, selected: Selected | None) -> None:
+    """How far back the history store reaches for this target, or why it is read-only."""
+    if store.state.message:
+        st.sidebar.warning(md_escape(store.state.message))
+        return
+    extent = None
+    if selected is not None and selected.prometheus is None:
+        try:
+            extent = store.extent(normalize_url(selected.url))
+        except (StoreError, ValueError):
+            extent = None
+    since = f"from {fmt_when(extent[0])}" if extent else "nothing of this target yet"
+    st.sidebar.caption(md_escape(f"History store: {since} ({store.path})"))
 
 
 def page(title: str, *, target_note: bool = True) -> Selected | None:

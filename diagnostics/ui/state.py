@@ -29,6 +29,8 @@ SIMULATED = "simulated engine (demo)"
 SCENARIO = "sim_scenario"
 REFRESH_CHOICES = (1, 2, 5, 10)
 WINDOW_CHOICES = {"5 min": 300, "15 min": 900, "1 h": 3600}
+# Past the collector's hour, read from the history store (when serve opened one).
+STORED_WINDOW_CHOICES = {"6 h": 21600, "1 day": 86400, "7 days": 604800, "30 days": 2592000}
 QUANTILE_WINDOW_CHOICES = {"30 s": 30, "60 s": 60, "5 min": 300}
 PROM_RANGE_CHOICES = {"15 min": 900, "1 h": 3600, "6 h": 21600, "1 day": 86400, "7 days": 604800}
 PROM_STEP_CHOICES = {"auto": 0, "15 s": 15, "1 min": 60, "5 min": 300}
@@ -79,7 +81,8 @@ def refresh_seconds() -> int:
 
 
 def window_seconds() -> int:
-    return WINDOW_CHOICES.get(str(get(WINDOW_SECONDS)), 900)
+    chosen = str(get(WINDOW_SECONDS))
+    return WINDOW_CHOICES.get(chosen) or STORED_WINDOW_CHOICES.get(chosen, 900)
 
 
 def quantile_window_seconds() -> int:

@@ -22,11 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def streamlit_app(env: Mapping[str, str], log_path: Path) -> Iterator[str]:
     """The app's base URL once its health endpoint answers; stopped on exit."""
     port = free_port()
+    env = dict(env)
+    # The history store goes beside the log, not into the user's state directory (unless a test names one).
+    env.setdefault("VLLM_TRIAGE_DATA_DIR", str(log_path.parent / "history"))
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "diagnostics", "serve", "--server.port", str(port),
              "--server.address", "127.0.0.1", "--server.headless", "true"],
-            cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         url = f"http://127.0.0.1:{port}"
         try:

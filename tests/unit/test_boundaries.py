@@ -18,6 +18,8 @@ def test_core_imports_with_streamlit_httpx_and_nvml_absent() -> None:
         "import diagnostics.core.metrics.catalog, diagnostics.core.metrics.derive, diagnostics.core.metrics.parse, diagnostics.core.metrics.info\n"
         "import diagnostics.core.diagnosis, diagnostics.core.diagnosis.alerts\n"
         "import diagnostics.recording\n"
+        "sys.modules['sqlite3'] = None\n"
+        "import diagnostics.core.store\n"
         "print('ok')\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

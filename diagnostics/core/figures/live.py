@@ -22,6 +22,7 @@ from diagnostics.core.metrics.series import (
     increase_events,
     label_picker,
     labelled_increase,
+    peak_series,
     rate_series,
     rolling_quantiles,
     rolling_ratio,
@@ -63,6 +64,9 @@ def kv_usage_figure(history: Sequence[Scrape], config: CacheConfig | None) -> go
             connectgaps=False,
         )
     )
+    peak = peak_series(history, lambda s: s.value("kv_cache_usage_perc"))
+    if peak is not None:
+        _peak_trace(fig, peak.ts, [v * 100 if v is not None else None for v in peak.values], "#2ca02c", "%{y:.1f} %")
     events = increase_events(history, lambda s: s.value("num_preemptions"))
     if events.ts:
         fig.add_trace(
@@ -77,6 +81,13 @@ def kv_usage_figure(history: Sequence[Scrape], config: CacheConfig | None) -> go
             )
         )
     return apply_layout(fig, "KV-cache block usage", "% of blocks in use", yaxis_range=[0, 105])
+
+
+def _peak_trace(fig: go.Figure, ts: Sequence[float], values: Sequence[float | None], color: str, hover: str) -> None:
+    """The maximum within each point of a history of aggregates, dotted above the last values."""
+    fig.add_trace(go.Scatter(x=as_datetimes(list(ts)), y=list(values), name="peak in the interval", mode="lines",
+                             line={"color": color, "dash": "dot", "width": 1},
+                             hovertemplate="peak " + hover + "<extra></extra>", connectgaps=False))
 
 
 def prefix_hit_figure(history: Sequence[Scrape], window_seconds: float) -> go.Figure | None:
@@ -129,6 +140,9 @@ def queue_figure(history: Sequence[Scrape], max_num_seqs: int | None) -> go.Figu
     fig.add_trace(
         go.Scatter(x=as_datetimes(running.ts), y=running.values, name="running", mode="lines", line={"color": "#1f77b4"})
     )
+    running_peak = peak_series(history, lambda s: s.value("num_requests_running"))
+    if running_peak is not None:
+        _peak_trace(fig, running_peak.ts, running_peak.values, "#1f77b4", "%{y:.0f} running")
     reasons: set[str] = set()
     for s in history:
         if s.snapshot is not None:

@@ -488,6 +488,27 @@ def _layout(shape: tuple[tuple[object, ...], ...], has_config: bool) -> Layout:
     return layout
 
 
+def layout_shape(layout: Layout) -> tuple[tuple[tuple[object, ...], ...], bool]:
+    """The shape a layout was built from (its entries in offset order) and whether it had a cache
+    config: what :func:`layout_of` takes back (the history store writes a layout once, as this)."""
+    entries: list[tuple[int, tuple[object, ...]]] = []
+    for concept, offsets in layout.scalars.items():
+        entries.extend((o, ("s", concept, layout.spellings[concept], key)) for key, o in offsets.items())
+    for concept, per_label in layout.labelled.items():
+        for label, offsets in per_label.items():
+            entries.extend((o, ("l", concept, layout.spellings[concept], label, key)) for key, o in offsets.items())
+    for concept, per_engine in layout.histograms.items():
+        entries.extend((o, ("h", concept, layout.spellings[concept], key, bounds))
+                       for key, (bounds, o) in per_engine.items())
+    entries.sort(key=lambda e: e[0])
+    return tuple(e for _, e in entries), "cache_config" in layout.spellings
+
+
+def layout_of(shape: tuple[tuple[object, ...], ...], has_config: bool) -> Layout:
+    """The (shared) layout of a shape, as :func:`snapshot_from_samples` builds it."""
+    return _layout(shape, has_config)
+
+
 def parse_snapshot(text: str) -> Snapshot:
     """Prometheus text → :class:`Snapshot` (raises ``BadMetricsPayload`` on malformed lines)."""
     return snapshot_from_samples(parse_vllm_samples(text))

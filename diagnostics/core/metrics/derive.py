@@ -21,12 +21,17 @@ from diagnostics.core.metrics.failure import ErrorKind
 @dataclass(frozen=True, slots=True)
 class Scrape:
     """One collection attempt: a snapshot, or the error that replaced it (``error`` for people,
-    ``error_kind`` for rules; a failed scrape without a kind is of unknown cause)."""
+    ``error_kind`` for rules; a failed scrape without a kind is of unknown cause).
+
+    ``peak``: on an aggregate of several scrapes (the history store's coarser tiers), each value's
+    maximum over them, in the snapshot's layout (a gauge's spike that the last value would hide);
+    None for a scrape as it was taken."""
 
     ts: float
     snapshot: Snapshot | None
     error: str | None = None
     error_kind: ErrorKind | None = None
+    peak: Snapshot | None = None
 
 
 def window(history: Sequence[Scrape], seconds: float, end: float | None = None) -> list[Scrape]:

@@ -58,6 +58,32 @@ def gauge_series(
     return Series(ts, values)
 
 
+def peak_series(
+    history: Sequence[Scrape],
+    pick: Callable[[Snapshot], float | None],
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> Series | None:
+    """A gauge's maximum over time, for a history of aggregates (the history store's coarser tiers:
+    each carries its interval's maxima as ``peak``): the highest value in each drawn point's span, so
+    thinning hides no spike either. None when no scrape is an aggregate."""
+    if not any(s.peak is not None for s in history):
+        return None
+    n = len(history)
+    step = max(1, math.ceil(n / max_points))
+    ts: list[float] = []
+    values: list[float | None] = []
+    for lo in range(0, n, step):
+        best: float | None = None
+        for scrape in history[lo:lo + step]:
+            snap = scrape.peak if scrape.peak is not None else scrape.snapshot
+            value = pick(snap) if snap is not None else None
+            if value is not None and not math.isnan(value) and (best is None or value > best):
+                best = value
+        ts.append(history[min(lo + step, n) - 1].ts)
+        values.append(best)
+    return Series(ts, values)
+
+
 def _increments(
     history: Sequence[Scrape], pick: Callable[[Snapshot], float | None]
 ) -> tuple[list[float], list[float], list[bool]]:
