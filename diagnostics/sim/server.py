@@ -7,6 +7,7 @@ metrics URL; :mod:`diagnostics.sim.dcgm`). The dashboard attaches to it exactly 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -193,6 +194,11 @@ class SimServer:
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        # dcgm-exporter names the node its GPUs are on: here the address the server listens on (the
+        # host part of its vLLM instance, so the Fleet page's join by host matches it), or this
+        # machine's name for a wildcard address.
+        node = host if host not in ("", "0.0.0.0", "::") else socket.gethostname()
+        self.sim.name_gpu_host(node, f"{node}:{self.httpd.server_address[1]}")
         self._speed = speed
         self._thread: threading.Thread | None = None
 

@@ -107,10 +107,10 @@ def test_the_gpu_metrics_url_is_read_beside_the_scrapes_and_a_scenario_throttles
     [(_, healthy)] = collector.gpu_history()
     [device] = healthy.devices
     assert (device.name, device.host, device.sm_clock_max_mhz, device.power_limit_watts) == (
-        "NVIDIA H100 80GB HBM3", "sim-gpu-node", 1980.0, 700.0)
+        "NVIDIA H100 80GB HBM3", "127.0.0.1", 1980.0, 700.0)
     assert device.throttles == ClockEvent(0) and healthy.source == server.url + SIM_DCGM_PATH
     [record] = collector.recent_records()
-    assert record.gpu_source == server.url + SIM_DCGM_PATH and record.gpus and record.gpus[0]["host"] == "sim-gpu-node"
+    assert record.gpu_source == server.url + SIM_DCGM_PATH and record.gpus and record.gpus[0]["host"] == "127.0.0.1"
     # A saved snapshot keeps the readings and their source: its replay has the same GPU history.
     from diagnostics.recording import encode_recording, read_recording
 
@@ -138,3 +138,31 @@ def test_an_unreachable_gpu_metrics_url_is_a_reading_that_says_why(server: SimSe
     [(_, reading)] = collector.gpu_history()
     assert scrape.snapshot is not None  # vLLM's scrape stands
     assert reading.devices == () and "GPU metrics URL" in (reading.unavailable or "") and "404" in reading.unavailable
+
+
+def test_two_simulated_servers_name_their_own_host_and_their_own_gpus() -> None:
+    """Two simulated engines on two loopback hosts (the Fleet screenshots' pair), and two on one host:
+    dcgm-exporter's ``Hostname`` is the address each listens on (the host part of its vLLM instance,
+    which the Fleet page's join by host matches), and no two servers share a GPU UUID (one would
+    collapse the other's device when a host's GPUs are joined)."""
+    from diagnostics.core.fleet.gpus import host_of, join
+    from diagnostics.core.metrics.dcgm import parse_dcgm
+    from diagnostics.sim.server import SIM_DCGM_PATH
+
+    servers = [SimServer("healthy", host="127.0.0.1"), SimServer("healthy", host="127.0.0.2"),
+               SimServer("healthy", host="127.0.0.1")]
+    try:
+        for s in servers:
+            s.start()
+        devices = [parse_dcgm(httpx.get(s.url + SIM_DCGM_PATH, timeout=5).text).devices[0] for s in servers]
+    finally:
+        for s in servers:
+            s.stop()
+    assert [d.host for d in devices] == ["127.0.0.1", "127.0.0.2", "127.0.0.1"]
+    assert len({d.uuid for d in devices}) == 3
+    # Joined by the Hostname label alone (the exporter scraped under a name of its own): each vLLM
+    # instance gets the GPUs of its own host, both of them on the shared one.
+    series = [{"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "instance": "dcgm-exporter:9400", "gpu": "0",
+                          "UUID": d.uuid or "", "Hostname": d.host or ""}, "value": [1.0, "40"]} for d in devices]
+    joined = join([{"metric": {"instance": host_of(s.url.split("://")[1]) + ":8000"}} for s in servers[:2]], series)
+    assert {k: len(v.readings[0][1].devices) for k, v in joined.items()} == {"127.0.0.1:8000": 2, "127.0.0.2:8000": 1}

@@ -346,7 +346,7 @@ def test_live_page_shows_the_gpu_panel_of_the_simulated_engine_and_its_throttle(
     table = at.dataframe[0].value
     assert list(table.columns) == ["Device", "Clock-event reasons", "Utilisation", "Temperature", "Power (of limit)",
                                    "SM clock (of max)"]
-    assert table["Device"][0] == "GPU 0 · NVIDIA H100 80GB HBM3 @ sim-gpu-node"
+    assert table["Device"][0] == "GPU 0 · NVIDIA H100 80GB HBM3 @ 127.0.0.1"
     assert table["Power (of limit)"][0].endswith("W of 700")
     assert not any("GPU health: not available" in i.value or "not reported by" in i.value for i in at.info)
     assert not any("GPU memory: not available" in i.value for i in at.info)  # memory from DCGM too
