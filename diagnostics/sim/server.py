@@ -115,6 +115,7 @@ class _Handler(BaseHTTPRequestHandler):
             max_tokens = max(1, min(int(body.get("max_tokens") or 16), 8192))
             n = max(1, min(int(body.get("n") or 1), 16))
         except (TypeError, ValueError):
+            self.sim.metrics.answered(400, self.path.split("?")[0])
             self._json(400, {"error": "max_tokens and n must be integers"})
             return
         done = threading.Event()

@@ -166,3 +166,37 @@ def test_two_simulated_servers_name_their_own_host_and_their_own_gpus() -> None:
                           "UUID": d.uuid or "", "Hostname": d.host or ""}, "value": [1.0, "40"]} for d in devices]
     joined = join([{"metric": {"instance": host_of(s.url.split("://")[1]) + ":8000"}} for s in servers[:2]], series)
     assert {k: len(v.readings[0][1].devices) for k, v in joined.items()} == {"127.0.0.1:8000": 2, "127.0.0.2:8000": 1}
+
+
+def test_status_prints_the_gpu_health_of_a_gpu_metrics_url(capsys: pytest.CaptureFixture[str]) -> None:
+    """``status --gpu-metrics-url`` on the simulated thermally throttled GPU: utilisation, temperature
+    against its slowdown threshold (89 °C over 87: the H100 board's), power against its limit, the SM
+    clock held at 64 % of 1,980 MHz and the thermal reasons by name, in the text and in ``--json``;
+    without a GPU source, no GPU line and ``gpus`` null."""
+    from diagnostics.cli.main import main
+    from diagnostics.sim.server import SIM_DCGM_PATH
+
+    hot = SimServer("gpu_thermal_throttle", speed=20.0).start()
+    try:
+        args = ["status", "--url", hot.url, "--gpu-metrics-url", hot.url + SIM_DCGM_PATH, "--seconds", "1",
+                "--interval", "0.25"]
+        assert main(args) == 0
+        text = capsys.readouterr().out
+        assert main([*args, "--json"]) == 0
+        obj = json.loads(capsys.readouterr().out)
+        assert main(args[:3] + ["--seconds", "0.5", "--json"]) == 0
+        bare = json.loads(capsys.readouterr().out)
+    finally:
+        hot.stop()
+    gpu = [line for line in text.splitlines() if line.startswith("GPU ") or line.startswith("    ")]
+    assert gpu[0].startswith("GPU           GPU 0 · NVIDIA H100 80GB HBM3 @ 127.0.0.1 (from http")
+    assert "temperature 89 °C (slowdown 87)" in gpu[1] and " W of 700" in gpu[1] and "utilisation " in gpu[1]
+    assert "SM clock 1267 MHz of 1980" in gpu[2] and "memory clock 2619 MHz of 2619" in gpu[2]
+    assert "THROTTLED (SW thermal slowdown, HW thermal slowdown): no vLLM flag fixes this" in gpu[2]
+    [device] = obj["gpus"]["devices"]
+    assert obj["gpus"]["source"] == hot.url + SIM_DCGM_PATH
+    assert (device["sm_clock_mhz"], device["temperature_slowdown_celsius"], device["power_limit_watts"]) == (
+        1267.0, 87.0, 700.0)
+    assert device["throttled_by"] == ["SW thermal slowdown", "HW thermal slowdown"]
+    assert 0 <= device["utilization_gpu_perc"] <= 1 and device["label"].startswith("GPU 0 · NVIDIA H100")
+    assert bare["gpus"] is None or bare["gpus"]["source"] != hot.url + SIM_DCGM_PATH
