@@ -118,6 +118,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.sim.metrics.answered(400, self.path.split("?")[0])
             self._json(400, {"error": "max_tokens and n must be integers"})
             return
+        ids = _prompt_ids(prompt)
+        limit = self.sim.scenario.config.max_model_len
+        if len(ids) > limit:
+            # vllm/renderers/params.py _token_len_check: refused before the engine sees it (HTTP 400).
+            self.sim.metrics.answered(400, self.path.split("?")[0])
+            self._json(400, {"error": {"message": f"This model's maximum context length is {limit} tokens. However, "
+                                                  f"your prompt contains {len(ids)} input tokens, which exceeds this "
+                                                  "limit even without any output tokens. Please reduce the length of "
+                                                  "the input prompt.", "type": "BadRequestError", "code": 400}})
+            return
         done = threading.Event()
         counts: dict[str, int] = {}
         lock = threading.Lock()
@@ -131,7 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
                     if remaining[0] <= 0:
                         done.set()
 
-        reqs = self.sim.add_request(_prompt_ids(prompt), max_tokens, n, on_token)
+        reqs = self.sim.add_request(ids, max_tokens, n, on_token)
         if reqs is None:
             self._json(503, {"error": {"message": "The server is overloaded: the queue limit "
                                                   "(--max-num-queued-reqs) was reached.", "type": "ServiceUnavailable",

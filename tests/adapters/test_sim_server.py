@@ -200,3 +200,22 @@ def test_status_prints_the_gpu_health_of_a_gpu_metrics_url(capsys: pytest.Captur
     assert device["throttled_by"] == ["SW thermal slowdown", "HW thermal slowdown"]
     assert 0 <= device["utilization_gpu_perc"] <= 1 and device["label"].startswith("GPU 0 · NVIDIA H100")
     assert bare["gpus"] is None or bare["gpus"]["source"] != hot.url + SIM_DCGM_PATH
+
+
+def test_a_prompt_beyond_the_context_limit_is_refused_and_counted_as_vllm_does(server: SimServer) -> None:
+    """vLLM refuses a prompt longer than --max-model-len with HTTP 400 ("This model's maximum context
+    length is N tokens", vllm/renderers/params.py) and its API server counts the 4xx: the outcome
+    rules read it as a rejected request."""
+    from diagnostics.core.diagnosis.outcomes import window_outcomes
+    from diagnostics.core.metrics.derive import Scrape
+
+    collector = Collector(VllmClient(server.url), interval_seconds=0.25)
+    collector.scrape_once()
+    limit = server.sim.scenario.config.max_model_len
+    replies = [httpx.post(server.url + "/v1/completions", json={"prompt": "word " * (limit + 1), "max_tokens": 4},
+                          timeout=10) for _ in range(3)]
+    collector.scrape_once()
+    assert [r.status_code for r in replies] == [400] * 3
+    assert f"maximum context length is {limit} tokens" in replies[0].json()["error"]["message"]
+    o = window_outcomes([s for s in collector.history() if isinstance(s, Scrape)], limit)
+    assert o.rejected == 3
