@@ -376,3 +376,12 @@ def test_live_page_shows_the_gpu_panel_of_the_simulated_engine_and_its_throttle(
     [warning] = [w.value for w in at.warning if "is throttled now" in w.value]
     assert "SW thermal slowdown, HW thermal slowdown" in warning and "No vLLM flag fixes this" in warning
     at.sidebar.selectbox(key="sim_scenario").set_value("healthy").run()
+
+
+def test_without_budgets_the_outcome_shares_still_stand_and_goodput_is_not_shown() -> None:
+    records = len([r for r in read_recording(REJECTED).records if r.metrics])
+    register(fed_collector(recording=REJECTED, scrapes=records))
+    at = app().run()
+    assert not at.exception
+    assert metric(at, "Rejected (4xx)") == "38.0 % (41)"
+    assert not any(m.label == "Goodput (within budgets)" for m in at.metric)
