@@ -22,7 +22,7 @@ from diagnostics.core.text import (
     fmt_bytes,
     fmt_latency,
     fmt_optional,
-    fmt_share_cell,
+    fmt_share_perc,
     fmt_when,
     md_escape,
     outcome_shares_text,
@@ -61,7 +61,8 @@ def verdict_banner(v: Verdict, window_seconds: float) -> None:
 
 def slo_line(slo: SloAttainment | None, outcomes: Outcomes) -> None:
     """Goodput against the sidebar's budgets, with the buckets' honesty; beside it the shares of
-    requests that failed, were refused with a 4xx or were given up (the outcome rules' own reading)."""
+    requests that failed, were refused with a 4xx or were given up (the outcome rules' own reading),
+    their counts in the caption under them."""
     cols = st.columns(6 if slo is not None else 3)
     if slo is not None:
         good = slo.goodput_at_least
@@ -69,13 +70,13 @@ def slo_line(slo: SloAttainment | None, outcomes: Outcomes) -> None:
         cols[1].metric("Within TTFT budget", _share(slo.ttft.share_at_least if slo.ttft else None, slo.ttft is not None))
         cols[2].metric("Within ITL budget", _share(slo.itl.share_at_least if slo.itl else None, slo.itl is not None))
     first = 3 if slo is not None else 0
-    cols[first].metric("Failed", fmt_share_cell(outcomes.failed_share),
+    cols[first].metric("Failed", fmt_share_perc(outcomes.failed_share),
                        help="Finished with an engine error or answered HTTP 5xx (not the admission limits' 503s), of "
                        "every request answered")
-    cols[first + 1].metric("Rejected (4xx)", fmt_share_cell(outcomes.rejected_share),
+    cols[first + 1].metric("Rejected (4xx)", fmt_share_perc(outcomes.rejected_share),
                            help="Refused with HTTP 4xx before the engine saw them (http_requests_total), of every "
                            "request answered")
-    cols[first + 2].metric("Given up", fmt_share_cell(outcomes.gave_up_share),
+    cols[first + 2].metric("Given up", fmt_share_perc(outcomes.gave_up_share),
                            help="2xx answers the engine never finished (clients that disconnected), of the 2xx answers")
     if slo is None:
         st.caption("Set a TTFT or ITL budget in the sidebar to see the share of requests within it (goodput).")

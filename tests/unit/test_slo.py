@@ -62,6 +62,7 @@ def test_goodput_of_two_per_request_budgets_is_at_least_their_sum_minus_one() ->
     # Per token gap, ITL says nothing of requests: no goodput figure, the shares still shown.
     gaps = attainment(HIST, 0.5, "token gap")
     assert SloAttainment(ttft, gaps).goodput_at_least is None
+    assert SloAttainment(ttft, gaps).text().startswith("goodput not stated: ITL is judged per token gap")
 
 
 def test_no_budget_no_attainment() -> None:

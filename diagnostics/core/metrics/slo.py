@@ -109,6 +109,9 @@ class SloAttainment:
         if good is not None:
             bits.append(f"goodput ≥ {_pct(good)} of requests within " +
                         " and ".join(n for n, a in (("TTFT", self.ttft), ("ITL", self.itl)) if a is not None))
+        elif self.itl is not None and self.itl.per != "request":
+            bits.append("goodput not stated: ITL is judged per token gap here (no per-request "
+                        "request_time_per_output_token_seconds), which says nothing of whole requests")
         for name, a in (("TTFT", self.ttft), ("ITL", self.itl)):
             if a is not None:
                 bits.append(f"{name}: {a.text()}")
