@@ -7,6 +7,7 @@ Run with ``streamlit run app.py``; the other views are in pages/ and share the s
 import streamlit as st
 
 from diagnostics.core.diagnosis import diagnose, prepare
+from diagnostics.core.diagnosis.outcomes import outcomes
 from diagnostics.core.diagnosis.verdict import verdict
 from diagnostics.core.metrics.derive import derive_state, window
 from diagnostics.core.metrics.slo import slo_attainment
@@ -25,11 +26,12 @@ def overview() -> None:
     cards.status_banner(status)
     seconds, budgets = state.quantile_window_seconds(), state.budgets()
     recent = window(history, seconds)
-    # The verdict before any number: the worst finding of the recent window, or healthy.
-    cards.verdict_banner(verdict(diagnose(prepare(recent, info=status.info, budgets=budgets,
-                                                  max_num_seqs=state.max_num_seqs()))), seconds)
+    # The verdict before any number: the worst finding of the recent window, or healthy; then goodput
+    # and, beside it, the outcome shares the same diagnosis read.
+    ctx = prepare(recent, info=status.info, budgets=budgets, max_num_seqs=state.max_num_seqs())
+    cards.verdict_banner(verdict(diagnose(ctx)), seconds)
     derived = derive_state(history, seconds)
-    cards.slo_line(slo_attainment(recent, budgets.ttft_ms, budgets.itl_ms))
+    cards.slo_line(slo_attainment(recent, budgets.ttft_ms, budgets.itl_ms), outcomes(ctx))
     st.subheader("Server")
     cards.config_card(status.info, derived.cache_config)
     st.subheader("Now")

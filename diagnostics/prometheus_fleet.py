@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diagnostics.core.diagnosis import Budgets, Finding, diagnose, prepare
+from diagnostics.core.diagnosis.outcomes import Outcomes, outcomes
 from diagnostics.core.fleet import gpus as fleet_gpus
 from diagnostics.core.fleet import promql
 from diagnostics.core.fleet.gpus import GpuJoin
@@ -140,6 +141,7 @@ def fleet_report(
     found: dict[str, list[Finding]] = {}
     errors: dict[str, str] = {}
     attained: dict[str, SloAttainment | None] = {}
+    seen: dict[str, Outcomes] = {}
     joined = gpu_joins(client, scope, window) if instances else {}
     if diagnose_instances and instances:
         per = histories(client, scope, window)
@@ -149,13 +151,14 @@ def fleet_report(
                 attained[instance] = slo_attainment(history, budgets.ttft_ms, budgets.itl_ms)
             gpu = joined.get(instance)
             try:
-                found[instance] = diagnose(prepare(history, info=server_info(model_of.get(instance)),
-                                                    budgets=budgets or Budgets(),
-                                                    gpus=gpu.readings if gpu is not None else ()))
+                ctx = prepare(history, info=server_info(model_of.get(instance)), budgets=budgets or Budgets(),
+                              gpus=gpu.readings if gpu is not None else ())
+                found[instance] = diagnose(ctx)
+                seen[instance] = outcomes(ctx)  # what the outcome rules read, shown beside goodput
             except Exception as exc:  # noqa: BLE001 - one instance's odd data must not blank the fleet
                 errors[instance] = f"diagnosis failed: {type(exc).__name__}"
     drawn = fleet_charts(client, scope, range_s=range_s, end=end) if charts and instances else {}
-    table = rows(instances, columns, found, errors, attained)
+    table = rows(instances, columns, found, errors, attained, seen)
     return FleetReport(window, table, fleet_findings(table), outliers(table), client.num_requests - before, drawn,
                        joined)
 

@@ -4,6 +4,7 @@ import time
 
 import streamlit as st
 
+from diagnostics.core.diagnosis.outcomes import window_outcomes
 from diagnostics.core.metrics.derive import derive_state, window
 from diagnostics.core.metrics.slo import slo_attainment
 from diagnostics.recording import encode_recording
@@ -21,8 +22,9 @@ def live() -> None:
     status, history, gpus = collector.status(), collector.history(), collector.gpu_history()
     cards.status_banner(status)
     cards.headline(derive_state(history, state.quantile_window_seconds()), status, history)
-    budgets = state.budgets()
-    cards.slo_line(slo_attainment(window(history, state.quantile_window_seconds()), budgets.ttft_ms, budgets.itl_ms))
+    budgets, recent = state.budgets(), window(history, state.quantile_window_seconds())
+    cards.slo_line(slo_attainment(recent, budgets.ttft_ms, budgets.itl_ms),
+                   window_outcomes(recent, status.info.max_model_len if status.info else None))
     charts.panels(
         history,
         window_seconds=state.prom_range_seconds() if target.prometheus else state.window_seconds(),

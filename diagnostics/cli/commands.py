@@ -16,7 +16,7 @@ from diagnostics.collector import Collector
 from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Budgets, Thresholds, diagnose, exit_code, prepare
 from diagnostics.core.diagnosis.alerts import alert_rules_yaml
-from diagnostics.core.diagnosis.outcomes import outcomes
+from diagnostics.core.diagnosis.outcomes import outcomes, window_outcomes
 from diagnostics.core.metrics.derive import derive_state
 from diagnostics.core.metrics.derive import window as window_of
 from diagnostics.core.metrics.slo import slo_attainment
@@ -70,8 +70,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     assert source is not None  # the parser asks for exactly one source
     status = source.status()
     history = source.history()
-    slo = slo_attainment(window_of(history, args.window), args.ttft_budget_ms, args.itl_budget_ms)
-    report = StatusReport.of(status, derive_state(history, args.window), slo)
+    recent = window_of(history, args.window)
+    slo = slo_attainment(recent, args.ttft_budget_ms, args.itl_budget_ms)
+    gpus = source.gpu_history()
+    seen = window_outcomes(recent, status.info.max_model_len if status.info else None)
+    report = StatusReport.of(status, derive_state(history, args.window), slo, seen, gpus[-1][1] if gpus else None)
     if status.info_error:
         print(f"warning: {status.info_error}", file=sys.stderr)
     print(json.dumps(report.to_json(), indent=1) if args.json else render_status(report))

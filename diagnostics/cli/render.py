@@ -8,10 +8,19 @@ from typing import TYPE_CHECKING, Any
 
 from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Finding, KnownFlags, command_diff
-from diagnostics.core.diagnosis.outcomes import Outcomes
+from diagnostics.core.diagnosis.outcomes import Outcomes, Share
 from diagnostics.core.metrics.status import StatusReport
 from diagnostics.core.probe import Percentiles, ProbeSummary, disagreements
-from diagnostics.core.text import SLEEP_LEVELS, evidence_rows, fmt_seconds_as_ms, prompt_sources_text, roofline_text
+from diagnostics.core.text import (
+    SLEEP_LEVELS,
+    evidence_rows,
+    fmt_seconds_as_ms,
+    fmt_share_cell,
+    gpu_rows,
+    outcome_shares_text,
+    prompt_sources_text,
+    roofline_text,
+)
 
 if TYPE_CHECKING:  # imported when used: the Prometheus client takes longer to import than the rest
     from diagnostics.prometheus_fleet import FleetReport
@@ -71,6 +80,8 @@ def render_status(report: StatusReport) -> str:
         f"ITL           p50 {_lat(report, itl, 0.5)}   p95 {_lat(report, itl, 0.95)}",
         f"Queue time    p50 {_lat(report, queue, 0.5)}   p95 {_lat(report, queue, 0.95)}",
         *([f"SLO           {report.slo.text()}"] if report.slo is not None else []),
+        *([f"outcomes      {outcome_shares_text(report.outcomes)}"] if report.outcomes is not None else []),
+        *_gpu_lines(report),
     ]
     if d.asleep:
         lines.append("ASLEEP        " + ", ".join(f"engine {e} ({SLEEP_LEVELS.get(level, level)})"
@@ -83,6 +94,25 @@ def render_status(report: StatusReport) -> str:
             f"   generation {_fmt(e.generation_tokens_rate, ' tok/s')}"
         )
     return "\n".join(lines)
+
+
+def _gpu_lines(report: StatusReport) -> list[str]:
+    """Each device's health now (two lines), or why there is no reading; nothing without a GPU source."""
+    reading = report.gpus
+    if reading is None:
+        return []
+    source = f" (from {reading.source})" if reading.source else ""
+    if not reading.devices:
+        return [f"GPU           not available{source}: {reading.unavailable or 'no device in the reading'}"]
+    lines = []
+    for row in gpu_rows(reading):
+        lines.append(f"GPU           {row.device}{source}")
+        lines.append(f"              utilisation {row.utilization} (memory busy {row.memory_busy})"
+                     f"   temperature {row.temperature}   power {row.power}")
+        lines.append(f"              SM clock {row.sm_clock}   memory clock {row.memory_clock}"
+                     f"   clock-event reasons: {row.clock_events}"
+                     + (f"   THROTTLED ({row.throttled_by}): no vLLM flag fixes this" if row.throttled_by else ""))
+    return lines
 
 
 def render_outcomes(o: Outcomes) -> str:
@@ -157,20 +187,25 @@ def render_whatif(p: whatif.Prediction) -> str:
 def render_fleet(report: FleetReport) -> str:
     """One line per instance (the worst finding last), then the fleet's own findings."""
     lines = [f"{'instance':24} {'model':20} {'up':4} {'KV':>6} {'run':>5} {'wait':>5} {'preempt/s':>9} "
-             f"{'ITL p95':>9} {'goodput':>9}  worst finding"]
+             f"{'ITL p95':>9} {'goodput':>9} {'failed':>12} {'4xx':>12} {'gave up':>12}  worst finding"]
     for row in report.rows:
-        v = row.values
+        v, o = row.values, row.outcomes
         worst = row.worst
         lines.append(
             f"{row.instance[:24]:24} {(row.model or '—')[:20]:20} {_fmt(None if row.up is None else 'up' if row.up else 'DOWN'):4} "
             f"{_fmt(v.get('kv_cache_usage_perc'), '%', 100, 0):>6} {_fmt(v.get('num_requests_running'), digits=0):>5} "
             f"{_fmt(v.get('num_requests_waiting'), digits=0):>5} {_fmt(v.get('preemptions_per_s'), digits=2):>9} "
-            f"{_fmt_s(v.get('itl_p95_s')):>9} {row.goodput_text:>9}  "
+            f"{_fmt_s(v.get('itl_p95_s')):>9} {row.goodput_text:>9} {_cell(o.failed_share if o else None):>12} "
+            f"{_cell(o.rejected_share if o else None):>12} {_cell(o.gave_up_share if o else None):>12}  "
             f"{worst.severity.upper() + ' ' + worst.title if worst else '—'}"
         )
     for f in report.findings:
         lines.append(f"{f.severity.upper():8} {f.text}")
     return "\n".join(lines)
+
+
+def _cell(share: Share | None) -> str:
+    return "—" if share is None else fmt_share_cell(share)
 
 
 def render_probe(summary: ProbeSummary) -> str:

@@ -5,10 +5,16 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from diagnostics.core.hardware import DevicePeak
 from diagnostics.core.metrics.derive import SOURCE_NAMES, PromptSources, Quantile, Roofline
+from diagnostics.core.metrics.gpu import GpuReading, clock_event_names, device_order
+
+if TYPE_CHECKING:  # the diagnosis imports this module: its types are only named here
+    from diagnostics.core.diagnosis.outcomes import Outcomes, Share
 
 GIB = 2**30
 # Everything Streamlit's Markdown (GFM + its directives: :emoji:, :red[...], $latex$) could act on.
@@ -179,3 +185,85 @@ def roofline_text(roof: Roofline | None, peak: DevicePeak | None) -> str | None:
     else:
         verdict = f"compute-bound at MFU {mfu * 100:.1f} % of the {peak.name}'s peak ({bandwidth * 100:.0f} % of bandwidth)"
     return f"{text}: {verdict}; peaks from the {peak.source}."
+
+
+def fmt_share_perc(share: Share) -> str:
+    """A share of requests as a percentage to 0.1 % ("< 0.1 %" for a few of many, never a 0.0 % that
+    hides them); "not counted" when the server does not export the count; a dash with no requests."""
+    perc = share.perc
+    if share.count is None:
+        return "not counted"
+    if perc is None:
+        return "—"
+    return "< 0.1 %" if 0 < perc < 0.001 else f"{perc * 100:.1f} %"
+
+
+def fmt_share(share: Share, of: str = "") -> str:
+    """``2.0 % (12 of 600)``; ``of`` names the whole when it is not "requests" ("answered")."""
+    text = fmt_share_perc(share)
+    if share.count is None or share.perc is None:
+        return text
+    return f"{text} ({share.count:,.0f} of {share.of:,.0f}{' ' + of if of else ''})"
+
+
+def fmt_share_cell(share: Share) -> str:
+    """A table cell: ``2.0 % (12)``."""
+    text = fmt_share_perc(share)
+    return text if share.count is None or share.perc is None else f"{text} ({share.count:,.0f})"
+
+
+def outcome_shares_text(o: Outcomes) -> str:
+    """The window's failed, rejected (4xx) and given-up shares with their counts, in one line: what
+    stands beside goodput on Overview, Live, ``status`` and the Fleet table."""
+    if not o.steps:
+        return "outcomes not judged: fewer than two good scrapes in the window"
+    line = (f"failed {fmt_share(o.failed_share)} · rejected 4xx {fmt_share(o.rejected_share)} · "
+            f"given up {fmt_share(o.gave_up_share, 'answered')} in {fmt_duration(o.seconds)}")
+    if not o.exports_http:
+        line += " (rejected and given-up requests are counted from http_requests_total, which this server does not export)"
+    return line
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    """One device now, in the units people read: the Live panel's table, the Fleet page's GPU list
+    and ``status``'s GPU lines."""
+
+    device: str
+    clock_events: str
+    utilization: str
+    memory_busy: str  # the share of time the memory was read or written
+    temperature: str
+    power: str
+    sm_clock: str
+    memory_clock: str
+    throttled_by: str  # the thermal or power reasons set now ("" when none)
+
+
+def _of(value: float | None, unit: str, scale: float = 1.0, of: float | None = None) -> str:
+    if value is None:
+        return "—"
+    text = f"{value * scale:.0f} {unit}"
+    return text + (f" of {of * scale:.0f}" if of is not None else "")
+
+
+def gpu_rows(reading: GpuReading) -> list[GpuRow]:
+    """Each device's latest reading: its clocks-event reasons by name ("none" when the mask is 0,
+    "not reported" when the source gave none), utilisation (and memory busy), temperature against
+    its slowdown threshold, power against its limit, SM and memory clocks against their maxima."""
+    rows = []
+    for d in sorted(reading.devices, key=device_order):
+        names = clock_event_names(d.clock_events)
+        events = "not reported" if d.clock_events is None else (", ".join(names) if names else "none")
+        rows.append(GpuRow(
+            d.label, events,
+            _of(d.utilization_gpu_perc, "%", 100.0),
+            _of(d.utilization_memory_perc, "%", 100.0),
+            _of(d.temperature_celsius, "°C") + (f" (slowdown {d.temperature_slowdown_celsius:.0f})"
+                                                if d.temperature_slowdown_celsius is not None else ""),
+            _of(d.power_watts, "W", of=d.power_limit_watts),
+            _of(d.sm_clock_mhz, "MHz", of=d.sm_clock_max_mhz),
+            _of(d.memory_clock_mhz, "MHz", of=d.memory_clock_max_mhz),
+            ", ".join(clock_event_names(d.throttles)),
+        ))
+    return rows

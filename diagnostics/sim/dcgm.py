@@ -12,35 +12,16 @@ the SM clock down with NVML's reasons set (and the engine's steps slowed by the 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from diagnostics.core.hardware import GPUS_BY_NAME, BoardLimits
 from diagnostics.core.metrics.gpu import ClockEvent
 from diagnostics.core.simulator.config import EngineConfig
 from diagnostics.core.simulator.scenarios import GPU_THROTTLES
 
-HOSTNAME = "sim-gpu-node"
-
-
-@dataclass(frozen=True, slots=True)
-class Board:
-    """A board's datasheet numbers, as DCGM reports them for it."""
-
-    model_name: str
-    power_limit_watts: float
-    idle_watts: float
-    max_sm_clock_mhz: float
-    max_mem_clock_mhz: float
-    slowdown_celsius: float
-    shutdown_celsius: float
-
-
-BOARDS = {
-    "H100-80GB": Board("NVIDIA H100 80GB HBM3", 700.0, 72.0, 1980.0, 2619.0, 87.0, 92.0),
-    "H200-141GB": Board("NVIDIA H200", 700.0, 75.0, 1980.0, 3201.0, 87.0, 92.0),
-    "A100-80GB": Board("NVIDIA A100-SXM4-80GB", 400.0, 60.0, 1410.0, 1593.0, 88.0, 93.0),
-    "L4-24GB": Board("NVIDIA L4", 72.0, 16.0, 2040.0, 6251.0, 85.0, 90.0),
-}
+HOSTNAME = "sim-gpu-node"  # a Simulation without a server; SimServer names its host (see SimDcgm)
+DEFAULT_BOARD = "H100 SXM"  # the board of a device the GPU table holds no limits for (the CPU host)
 MIB = 2**20
 _HELP = {
     "DCGM_FI_DEV_SM_CLOCK": "SM clock frequency (in MHz).",
@@ -63,11 +44,16 @@ _HELP = {
 class SimDcgm:
     """The exporter's view of the simulated GPUs; :meth:`text` is one ``/metrics`` answer."""
 
-    def __init__(self, config: EngineConfig, num_engines: int, throttle: str = "") -> None:
+    def __init__(self, config: EngineConfig, num_engines: int, throttle: str = "", hostname: str = HOSTNAME,
+                 serial: str = HOSTNAME) -> None:
+        """``hostname``: the ``Hostname`` label (the node the engine runs on); ``serial``: what the
+        devices' UUIDs are derived from, so two simulated servers on one host have distinct GPUs."""
         self.config = config
-        self.board = BOARDS.get(config.gpu.name, BOARDS["H100-80GB"])
+        self.board: BoardLimits = _limits(config.gpu.variant)
         self.throttle = GPU_THROTTLES.get(throttle) if throttle else None
         self.num_engines = num_engines
+        self.hostname = hostname
+        self.serial = serial
         self._last: tuple[float, tuple[float, ...]] | None = None
         self._util = [0.0] * num_engines
 
@@ -89,8 +75,9 @@ class SimDcgm:
 
     def _device(self, rank: int, util: float, running: int, lines: dict[str, list[str]]) -> None:
         b, t = self.board, self.throttle
-        labels = (f'gpu="{rank}",UUID="GPU-5133d0a1-0000-4000-8000-{rank:012d}",device="nvidia{rank}",'
-                  f'modelName="{b.model_name}",Hostname="{HOSTNAME}"')
+        device_uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"sim-gpu://{self.serial}/{rank}")
+        labels = (f'gpu="{rank}",UUID="GPU-{device_uuid}",device="nvidia{rank}",'
+                  f'modelName="{b.nvml_name}",Hostname="{self.hostname}"')
         sm = b.max_sm_clock_mhz * (t.sm_clock_ratio if t is not None else 1.0)
         events = int(t.events) if t is not None else (int(ClockEvent.GPU_IDLE) if not running else 0)
         power = b.idle_watts + (b.power_limit_watts - b.idle_watts) * util * 0.8
@@ -119,3 +106,13 @@ class SimDcgm:
         }
         for name, value in values.items():
             lines[name].append(f"{name}{{{labels}}} {value}")
+
+
+def _limits(variant: str | None) -> BoardLimits:
+    """The board limits of the GPU table's row ``variant`` (the default board's where it has none)."""
+    row = GPUS_BY_NAME.get(variant or "")
+    if row is not None and row.limits is not None:
+        return row.limits
+    default = GPUS_BY_NAME[DEFAULT_BOARD].limits
+    assert default is not None, f"{DEFAULT_BOARD}: the GPU table holds no board limits for it"
+    return default

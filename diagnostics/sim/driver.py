@@ -15,7 +15,7 @@ from collections.abc import Callable
 from diagnostics.core.simulator.request import SimRequest
 from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario, make_engines, pick_engine
 from diagnostics.core.simulator.scheduler import SimEngine
-from diagnostics.sim.dcgm import SimDcgm
+from diagnostics.sim.dcgm import HOSTNAME, SimDcgm
 from diagnostics.sim.metrics import SimMetrics
 
 STALL_AFTER_SECONDS = 20.0
@@ -25,6 +25,7 @@ class Simulation:
     def __init__(self, scenario: str = "healthy", seed: int = 0) -> None:
         self.lock = threading.RLock()
         self._seed = seed
+        self._gpu_host = (HOSTNAME, HOSTNAME)  # the DCGM Hostname label, and what the GPUs' UUIDs derive from
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.set_scenario(scenario)
@@ -53,9 +54,16 @@ class Simulation:
             self.scenario: Scenario = SCENARIOS[name]
             self.engines, self.generator = make_engines(self.scenario, self._seed, now)
             self.metrics = SimMetrics(self.scenario.config, self.engine.num_gpu_blocks, len(self.engines))
-            self.dcgm = SimDcgm(self.scenario.config, len(self.engines), self.scenario.gpu_throttle)
+            self.dcgm = SimDcgm(self.scenario.config, len(self.engines), self.scenario.gpu_throttle, *self._gpu_host)
             self.busy_seconds = [0.0] * len(self.engines)  # simulated time each engine spent in steps
             self.started_at = now
+
+    def name_gpu_host(self, hostname: str, serial: str) -> None:
+        """The node the simulated GPUs are on (dcgm-exporter's ``Hostname``) and a serial their UUIDs
+        derive from: each server its own, so the Fleet page's join by host tells two servers apart."""
+        with self.lock:
+            self._gpu_host = (hostname, serial)
+            self.dcgm = SimDcgm(self.scenario.config, len(self.engines), self.scenario.gpu_throttle, hostname, serial)
 
     def metrics_text(self) -> str:
         with self.lock:

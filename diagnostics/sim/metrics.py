@@ -48,6 +48,9 @@ def _observe_many(child: Any, value: float, count: int) -> None:
             break
 
 
+GENERATION_HANDLER = "/v1/completions"
+
+
 class SimMetrics:
     def __init__(self, config: EngineConfig, num_gpu_blocks: int, num_engines: int = 1) -> None:
         self.registry = CollectorRegistry()
@@ -99,6 +102,14 @@ class SimMetrics:
         for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
             self.rejections.labels(model_name=config.served_model_name, reason=reason)
         self._model = config.served_model_name
+        # The API server's answers, as prometheus-fastapi-instrumentator counts them in vLLM (status
+        # grouped by class): every request of the simulated clients is a POST /v1/completions whose
+        # answer is counted when its last byte goes out (its last sequence finished), and a request
+        # the admission limits turn away a 503. The simulated clients never give up on a request.
+        self.http = Counter("http_requests", "Total number of requests by method, status and handler.",
+                            ["handler", "method", "status"], registry=r)
+        for status in ("2xx", "4xx", "5xx"):
+            self.http.labels(handler=GENERATION_HANDLER, method="POST", status=status)
         # vLLM sets the current adapters as labels and the wall time as the value; older label
         # combinations stay exported, so the newest value says which is current.
         self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
@@ -230,10 +241,16 @@ class SimMetrics:
             c["req_gen"].observe(sim.num_output)
             if sim.parent is None or sim.request.request_id in (sim.parent, f"{sim.parent}-0"):
                 c["params_n"].observe(sim.n)
+                self.answered(200)
 
     def reject(self, reason: str) -> None:
-        """A request the frontend turned away (no engine label, as in vLLM)."""
+        """A request the frontend turned away (no engine label, as in vLLM), answered 503."""
         self.rejections.labels(model_name=self._model, reason=reason).inc()
+        self.answered(503)
+
+    def answered(self, status: int, handler: str = GENERATION_HANDLER) -> None:
+        """One HTTP answer on a generation handler, counted by its status class."""
+        self.http.labels(handler=handler, method="POST", status=f"{status // 100}xx").inc()
 
     def text(self) -> str:
         return generate_latest(self.registry).decode("utf-8")

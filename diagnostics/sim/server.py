@@ -7,6 +7,7 @@ metrics URL; :mod:`diagnostics.sim.dcgm`). The dashboard attaches to it exactly 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -114,7 +115,18 @@ class _Handler(BaseHTTPRequestHandler):
             max_tokens = max(1, min(int(body.get("max_tokens") or 16), 8192))
             n = max(1, min(int(body.get("n") or 1), 16))
         except (TypeError, ValueError):
+            self.sim.metrics.answered(400, self.path.split("?")[0])
             self._json(400, {"error": "max_tokens and n must be integers"})
+            return
+        ids = _prompt_ids(prompt)
+        limit = self.sim.scenario.config.max_model_len
+        if len(ids) > limit:
+            # vllm/renderers/params.py _token_len_check: refused before the engine sees it (HTTP 400).
+            self.sim.metrics.answered(400, self.path.split("?")[0])
+            self._json(400, {"error": {"message": f"This model's maximum context length is {limit} tokens. However, "
+                                                  f"your prompt contains {len(ids)} input tokens, which exceeds this "
+                                                  "limit even without any output tokens. Please reduce the length of "
+                                                  "the input prompt.", "type": "BadRequestError", "code": 400}})
             return
         done = threading.Event()
         counts: dict[str, int] = {}
@@ -129,7 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
                     if remaining[0] <= 0:
                         done.set()
 
-        reqs = self.sim.add_request(_prompt_ids(prompt), max_tokens, n, on_token)
+        reqs = self.sim.add_request(ids, max_tokens, n, on_token)
         if reqs is None:
             self._json(503, {"error": {"message": "The server is overloaded: the queue limit "
                                                   "(--max-num-queued-reqs) was reached.", "type": "ServiceUnavailable",
@@ -193,6 +205,11 @@ class SimServer:
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        # dcgm-exporter names the node its GPUs are on: here the address the server listens on (the
+        # host part of its vLLM instance, so the Fleet page's join by host matches it), or this
+        # machine's name for a wildcard address.
+        node = host if host not in ("", "0.0.0.0", "::") else socket.gethostname()
+        self.sim.name_gpu_host(node, f"{node}:{self.httpd.server_address[1]}")
         self._speed = speed
         self._thread: threading.Thread | None = None
 

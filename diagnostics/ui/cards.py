@@ -11,12 +11,22 @@ from collections.abc import Sequence
 
 import streamlit as st
 
+from diagnostics.core.diagnosis.outcomes import Outcomes
 from diagnostics.core.diagnosis.verdict import Verdict
 from diagnostics.core.metrics.catalog import CacheConfig
 from diagnostics.core.metrics.derive import DerivedState, Scrape, last_snapshot, since_start
 from diagnostics.core.metrics.info import ServerInfo, TargetStatus
 from diagnostics.core.metrics.slo import SloAttainment
-from diagnostics.core.text import SLEEP_LEVELS, fmt_bytes, fmt_latency, fmt_optional, fmt_when, md_escape
+from diagnostics.core.text import (
+    SLEEP_LEVELS,
+    fmt_bytes,
+    fmt_latency,
+    fmt_optional,
+    fmt_share_perc,
+    fmt_when,
+    md_escape,
+    outcome_shares_text,
+)
 
 STATE_TEXT = {
     "starting": ("info", "Connecting…"),
@@ -49,18 +59,30 @@ def verdict_banner(v: Verdict, window_seconds: float) -> None:
     {"critical": st.error, "warning": st.warning}.get(v.severity or "", st.success)(line)
 
 
-def slo_line(slo: SloAttainment | None) -> None:
-    """Goodput against the sidebar's budgets, with the buckets' honesty; the error share beside it."""
+def slo_line(slo: SloAttainment | None, outcomes: Outcomes) -> None:
+    """Goodput against the sidebar's budgets, with the buckets' honesty; beside it the shares of
+    requests that failed, were refused with a 4xx or were given up (the outcome rules' own reading),
+    their counts in the caption under them."""
+    cols = st.columns(6 if slo is not None else 3)
+    if slo is not None:
+        good = slo.goodput_at_least
+        cols[0].metric("Goodput (within budgets)", "—" if good is None else f"≥ {good * 100:.1f} %")
+        cols[1].metric("Within TTFT budget", _share(slo.ttft.share_at_least if slo.ttft else None, slo.ttft is not None))
+        cols[2].metric("Within ITL budget", _share(slo.itl.share_at_least if slo.itl else None, slo.itl is not None))
+    first = 3 if slo is not None else 0
+    cols[first].metric("Failed", fmt_share_perc(outcomes.failed_share),
+                       help="Finished with an engine error or answered HTTP 5xx (not the admission limits' 503s), of "
+                       "every request answered")
+    cols[first + 1].metric("Rejected (4xx)", fmt_share_perc(outcomes.rejected_share),
+                           help="Refused with HTTP 4xx before the engine saw them (http_requests_total), of every "
+                           "request answered")
+    cols[first + 2].metric("Given up", fmt_share_perc(outcomes.gave_up_share),
+                           help="2xx answers the engine never finished (clients that disconnected), of the 2xx answers")
     if slo is None:
         st.caption("Set a TTFT or ITL budget in the sidebar to see the share of requests within it (goodput).")
-        return
-    good = slo.goodput_at_least
-    cols = st.columns(4)
-    cols[0].metric("Goodput (within budgets)", "—" if good is None else f"≥ {good * 100:.1f} %")
-    cols[1].metric("Within TTFT budget", _share(slo.ttft.share_at_least if slo.ttft else None, slo.ttft is not None))
-    cols[2].metric("Within ITL budget", _share(slo.itl.share_at_least if slo.itl else None, slo.itl is not None))
-    cols[3].metric("Errors (finished)", _pct(slo.error_share))
-    st.caption(md_escape(slo.text()))
+    else:
+        st.caption(md_escape(slo.text()))
+    st.caption(md_escape(outcome_shares_text(outcomes)))
 
 
 def _share(value: float | None, judged: bool) -> str:

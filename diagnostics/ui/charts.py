@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from diagnostics.core.figures.engines import ENGINE_PANELS, engine_names, engines_figure
-from diagnostics.core.figures.gpu import GPU_PANELS, gpu_figure, gpu_rows
+from diagnostics.core.figures.gpu import GPU_PANELS, gpu_figure
 from diagnostics.core.figures.live import (
     LATENCY_NAMES,
     gpu_memory_figure,
@@ -30,7 +30,7 @@ from diagnostics.core.figures.live import (
 from diagnostics.core.hardware import peak_for
 from diagnostics.core.metrics.derive import Scrape, hit_rate_source, last_snapshot, prompt_sources, roofline, window
 from diagnostics.core.metrics.gpu import GpuReading, clock_event_names
-from diagnostics.core.text import md_escape, prompt_sources_text, roofline_text
+from diagnostics.core.text import gpu_rows, md_escape, prompt_sources_text, roofline_text
 
 
 def chart(build: Callable[[], go.Figure | None], key: str, empty: str) -> None:

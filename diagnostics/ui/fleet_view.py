@@ -4,7 +4,7 @@ to each instance's views, and adopting an instance opened by such a link."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -12,15 +12,25 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.core.diagnosis import Budgets
-from diagnostics.core.figures.gpu import gpu_rows
+from diagnostics.core.diagnosis.outcomes import Outcomes, Share
 from diagnostics.core.fleet.gpus import GpuJoin
 from diagnostics.core.fleet.promql import FLEET_COLUMNS, Scope, parse_selector
 from diagnostics.core.fleet.table import FleetRow, Outlier
 from diagnostics.core.targets import PrometheusInstance, TargetsConfig, normalize_url, same_url
+from diagnostics.core.text import fmt_share_cell, gpu_rows
 from diagnostics.prometheus_fleet import FleetReport, fleet_report
 from diagnostics.ui import resources, state
 
 _SCALE = {"%": (100.0, "%"), "s": (1000.0, "ms"), "/s": (1.0, "/s"), "": (1.0, "")}
+# Beside goodput: the outcome rules' shares of each instance's requests over the range (and counts).
+OUTCOME_COLUMNS: dict[str, tuple[Callable[[Outcomes], Share], str]] = {
+    "failed": (lambda o: o.failed_share, "Requests that finished with an engine error or were answered HTTP 5xx "
+               "(not the admission limits' 503s), of every request answered"),
+    "rejected 4xx": (lambda o: o.rejected_share, "Requests refused with HTTP 4xx before the engine saw them "
+                     "(http_requests_total), of every request answered"),
+    "gave up": (lambda o: o.gave_up_share, "2xx answers the engine never finished (clients that disconnected), "
+                "of the 2xx answers"),
+}
 
 
 @st.cache_data(ttl=30, max_entries=16, show_spinner="Asking Prometheus…")
@@ -57,6 +67,8 @@ def frame(rows: list[FleetRow], url: str, selector: str) -> pd.DataFrame:
             "up": {True: "up", False: "DOWN", None: "?"}[row.up],
             "worst finding": f"{worst.severity.upper()}: {worst.title}" if worst is not None else row.error or "—",
             "goodput": row.goodput_text,
+            **{key: "—" if row.outcomes is None else fmt_share_cell(share(row.outcomes))
+               for key, (share, _) in OUTCOME_COLUMNS.items()},
         }
         for col in FLEET_COLUMNS:
             scale, _ = _SCALE[col.unit]
@@ -92,6 +104,7 @@ def column_config() -> dict[str, Any]:
         "goodput": st.column_config.TextColumn(
             "goodput", help="Share of requests certainly within the TTFT and ITL budgets set above (bucket "
             "bounds at or under each budget)"),
+        **{key: st.column_config.TextColumn(key, help=why) for key, (_, why) in OUTCOME_COLUMNS.items()},
     }
     for col in FLEET_COLUMNS:
         _, unit = _SCALE[col.unit]

@@ -30,9 +30,9 @@ URL = "http://replay.test:8000"
 class RecordedServer:
     """Serves a recording's payloads in order, one per /metrics request."""
 
-    def __init__(self, model_name: str = "tiny") -> None:
-        self.records = [r for r in read_recording(RECORDING).records if r.metrics]
-        self.info = read_recording(RECORDING).records[0].info or {}
+    def __init__(self, model_name: str = "tiny", recording: Path = RECORDING) -> None:
+        self.records = [r for r in read_recording(recording).records if r.metrics]
+        self.info = read_recording(recording).records[0].info or {}
         self.i = 0
         self.model_name = model_name
 
@@ -50,10 +50,11 @@ class RecordedServer:
         return httpx.Response(200)
 
 
-def fed_collector(url: str = URL, model_name: str = "tiny", gpus: GpuReading | None = None) -> Collector:
-    client = VllmClient(url, transport=httpx.MockTransport(RecordedServer(model_name)))
+def fed_collector(url: str = URL, model_name: str = "tiny", gpus: GpuReading | None = None,
+                  recording: Path = RECORDING, scrapes: int = 30) -> Collector:
+    client = VllmClient(url, transport=httpx.MockTransport(RecordedServer(model_name, recording)))
     collector = Collector(client, interval_seconds=0.25, gpu_reader=(lambda: gpus) if gpus else None)
-    for _ in range(30):  # the whole recording, scraped now
+    for _ in range(scrapes):  # the whole recording, scraped now
         collector.scrape_once()
     return collector
 
@@ -318,6 +319,25 @@ def test_overview_leads_with_the_verdict_before_any_number_and_shows_goodput_aga
     assert any("of requests within 500 ms" in c.value for c in at.caption), [c.value for c in at.caption]
 
 
+REJECTED = ROOT / "tests" / "fixtures" / "incidents" / "rejected_over_len_512.jsonl.gz"
+
+
+def test_overview_and_live_show_the_outcome_shares_beside_goodput() -> None:
+    """The real rejected_over_len_512 recording (its clients saw 41 HTTP 400s of 108 requests): beside
+    goodput, Overview and Live show the failed, rejected and given-up shares with their counts."""
+    records = len([r for r in read_recording(REJECTED).records if r.metrics])
+    register(fed_collector(recording=REJECTED, scrapes=records))
+    for page in (None, "pages/1_Live.py"):
+        at = app(page)
+        at.session_state["ttft_budget_ms"] = 500.0
+        at.run()
+        assert not at.exception
+        assert metric(at, "Rejected (4xx)") == "38.0 %", page
+        assert (metric(at, "Failed"), metric(at, "Given up")) == ("0.0 %", "0.0 %"), page
+        assert metric(at, "Goodput (within budgets)").startswith("≥ "), page
+        assert any("rejected 4xx 38.0 % (41 of 108)" in c.value.replace("\\", "") for c in at.caption), page
+
+
 def test_overview_without_budgets_says_how_to_get_goodput() -> None:
     register(fed_collector())
     at = app().run()
@@ -346,7 +366,7 @@ def test_live_page_shows_the_gpu_panel_of_the_simulated_engine_and_its_throttle(
     table = at.dataframe[0].value
     assert list(table.columns) == ["Device", "Clock-event reasons", "Utilisation", "Temperature", "Power (of limit)",
                                    "SM clock (of max)"]
-    assert table["Device"][0] == "GPU 0 · NVIDIA H100 80GB HBM3 @ sim-gpu-node"
+    assert table["Device"][0] == "GPU 0 · NVIDIA H100 80GB HBM3 @ 127.0.0.1"
     assert table["Power (of limit)"][0].endswith("W of 700")
     assert not any("GPU health: not available" in i.value or "not reported by" in i.value for i in at.info)
     assert not any("GPU memory: not available" in i.value for i in at.info)  # memory from DCGM too
@@ -356,3 +376,12 @@ def test_live_page_shows_the_gpu_panel_of_the_simulated_engine_and_its_throttle(
     [warning] = [w.value for w in at.warning if "is throttled now" in w.value]
     assert "SW thermal slowdown, HW thermal slowdown" in warning and "No vLLM flag fixes this" in warning
     at.sidebar.selectbox(key="sim_scenario").set_value("healthy").run()
+
+
+def test_without_budgets_the_outcome_shares_still_stand_and_goodput_is_not_shown() -> None:
+    records = len([r for r in read_recording(REJECTED).records if r.metrics])
+    register(fed_collector(recording=REJECTED, scrapes=records))
+    at = app().run()
+    assert not at.exception
+    assert metric(at, "Rejected (4xx)") == "38.0 %"
+    assert not any(m.label == "Goodput (within budgets)" for m in at.metric)

@@ -45,7 +45,7 @@ def grid_row(page: Page, instance: str) -> list[str]:
     """The table row of an instance, from the data grid's accessible cells."""
     cells = page.locator('[role="gridcell"]').all_inner_texts()
     start = cells.index(instance)
-    return cells[start:start + 6]
+    return cells[start:start + 9]
 
 
 def test_fleet_page_lists_both_and_opens_an_instance(
@@ -60,6 +60,10 @@ def test_fleet_page_lists_both_and_opens_an_instance(
     assert sim_row[3] == "up" and real_row[3] == "up"
     assert sim_row[4].startswith(("WARNING: KV-cache pressure", "CRITICAL: KV-cache pressure")), sim_row
     assert "KV-cache pressure" not in real_row[4], real_row
+    # Beside goodput, the outcome shares: http_requests_total reaches them through Prometheus (without
+    # it the rejected and given-up cells say "not counted"), from the real server and the simulated one.
+    for row in (real_row, sim_row):
+        assert row[6] and row[7] != "not counted" and row[8] != "not counted", row
     expect(page.locator(".js-plotly-plot")).to_have_count(5)
     shoot(page, "fleet.png")
 

@@ -55,7 +55,7 @@ def test_an_instance_opened_from_the_fleet_has_its_gpu_history(fleet: tuple[Prom
     target = PrometheusTarget(PrometheusClient(prom.url), Scope('job="vllm"', hot), range_s=60)
     target.refresh()
     readings = target.gpu_history()
-    assert len(readings) >= 3 and all(r.devices[0].host == "sim-gpu-node" for _, r in readings)
+    assert len(readings) >= 3 and all(r.devices[0].host == "127.0.0.2" for _, r in readings)
     assert readings[-1][1].devices[0].sm_clock_mhz == 1267.0  # 64 % of 1,980 MHz, through Prometheus
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diagnostics.core.figures.gpu import gpu_figure, gpu_rows
+from diagnostics.core.figures.gpu import gpu_figure
 from diagnostics.core.metrics.dcgm import parse_dcgm
 from diagnostics.core.metrics.gpu import GpuDevice, GpuReading
+from diagnostics.core.text import gpu_rows
 
 H100 = (Path(__file__).resolve().parents[1] / "fixtures" / "dcgm" / "dcgm-exporter-h100x2-custom-counters.txt")
 READING = parse_dcgm(H100.read_text())

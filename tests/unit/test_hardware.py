@@ -40,3 +40,31 @@ def test_a_device_held_for_its_memory_only_has_no_roofline() -> None:
 def test_the_capacity_page_offers_every_memory_size_of_the_table_once() -> None:
     assert GPU_PRESETS_GB == {"24 GB (L4 / A10G / 4090)": 24, "40 GB (A100)": 40, "48 GB (L40S / A6000)": 48,
                               "80 GB (A100 / H100)": 80, "141 GB (H200)": 141}
+
+
+@pytest.mark.parametrize(("scenario", "model_name", "power_limit_watts", "max_sm_clock_mhz"), [
+    # NVIDIA's datasheets: H100 SXM up to 700 W, 1,980 MHz boost; L4 72 W, 2,040 MHz boost.
+    ("healthy", "NVIDIA H100 80GB HBM3", 700.0, 1980.0),
+    ("head_of_line", "NVIDIA L4", 72.0, 2040.0),
+])
+def test_the_simulated_dcgm_endpoint_reads_its_board_from_the_gpu_table(
+        scenario: str, model_name: str, power_limit_watts: float, max_sm_clock_mhz: float) -> None:
+    """The simulated engine's GPUs are the table's rows: one GPU table, no second one in the simulator."""
+    import diagnostics.sim.dcgm as sim_dcgm
+    from diagnostics.core.metrics.dcgm import parse_dcgm
+    from diagnostics.sim.driver import Simulation
+
+    [(_, _, text)] = Simulation(scenario).run_for_with_gpus(1)
+    [device] = parse_dcgm(text).devices
+    assert (device.name, device.power_limit_watts, device.sm_clock_max_mhz) == (
+        model_name, power_limit_watts, max_sm_clock_mhz)
+    assert not hasattr(sim_dcgm, "BOARDS")
+
+
+def test_every_simulated_gpu_has_its_row_and_the_board_limits_the_dcgm_endpoint_serves() -> None:
+    for name, spec in GPU_SPECS.items():
+        if spec.variant is None:
+            continue  # the CPU host: no GPU row
+        row = GPUS_BY_NAME[spec.variant]
+        assert row.limits is not None, name
+        assert row.peak() is not None and spec.bandwidth_bytes_per_s == row.bandwidth_bytes_per_second, name

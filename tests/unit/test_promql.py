@@ -142,3 +142,42 @@ def test_fleet_findings_group_replicas_and_skip_info() -> None:
     assert kv.instances == ("a", "b")
     assert kv.text == "2 of 4 replicas: KV cache full and preempting; all on model m"
     assert found[1].text == "1 of 4 replicas: stalled (requests running, no tokens); on model other"
+
+
+def _selected(query: str, name: str) -> bool:
+    """Whether the raw-series query's ``__name__`` matchers select ``name``, as Prometheus does (a
+    fully anchored RE2 match; these patterns mean the same in Python's re)."""
+    import re
+
+    wanted = re.search(r'__name__=~"([^"]+)"', query)
+    unwanted = re.search(r'__name__!~"([^"]+)"', query)
+    assert wanted is not None and unwanted is not None
+    return re.fullmatch(wanted.group(1), name) is not None and re.fullmatch(unwanted.group(1), name) is None
+
+
+def test_the_raw_series_carry_http_requests_so_the_outcome_rules_judge_each_instance_through_prometheus() -> None:
+    """The real rejected_over_len_512 recording as Prometheus would answer the raw-series query for
+    it (every sample the query's name matchers select, per scrape): the replica's diagnosis through
+    Prometheus refuses the 41 prompts its clients saw refused with HTTP 400, and its 67 answers."""
+    from pathlib import Path
+
+    from diagnostics.core.diagnosis import diagnose, prepare
+    from diagnostics.core.diagnosis.outcomes import outcomes
+    from diagnostics.core.metrics.parse import parse_line
+    from diagnostics.recording import read_recording
+
+    query = raw_series_query(Scope('job="vllm"'))
+    assert _selected(query, "http_requests_total") and not _selected(query, "http_requests_created")
+    recording = read_recording(Path(__file__).resolve().parents[1] / "fixtures/incidents/rejected_over_len_512.jsonl.gz")
+    by_series: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]] = {}
+    for record in recording.records:
+        if record.metrics is None:
+            continue
+        for s in (parse_line(line) for line in record.metrics.splitlines() if line and not line.startswith("#")):
+            if _selected(query, s.name):
+                by_series.setdefault((s.name, tuple(sorted(s.labels.items()))), []).append((record.ts, s.value))
+    matrix = [series(name, "a:8000", points, **dict(labels)) for (name, labels), points in by_series.items()]
+    [history] = histories_from_matrix(matrix).values()
+    ctx = prepare(history)
+    assert (outcomes(ctx).rejected, outcomes(ctx).answered) == (41, 67)
+    assert "requests_rejected" in [f.id for f in diagnose(ctx)]

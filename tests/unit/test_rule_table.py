@@ -187,6 +187,8 @@ def _contexts() -> dict[str, Context]:
     for log in FIXTURES.glob("log-*.txt"):
         contexts[log.stem] = prepare([], log_text=log.read_text())
     contexts["engine_killed_log"] = prepare([], log_text=(FIXTURES / "incidents" / "engine_killed.log").read_text())
+    for log in (FIXTURES / "shutdown").glob("*.log"):
+        contexts[f"shutdown_{log.stem}"] = prepare([], log_text=log.read_text())
     return contexts
 
 

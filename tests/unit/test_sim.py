@@ -312,3 +312,17 @@ def test_a_preempted_request_comes_back_with_its_outputs_and_one_first_token(fas
         preempted += stats.num_preemptions
     assert preempted > 0 and ttft == 3 and generated == 14 + 4 + 5
     assert [r.num_output for r in reqs] == [14, 4, 5]
+
+
+@pytest.mark.parametrize("name", ["healthy", "admission_limit"])
+def test_the_simulated_api_server_counts_its_answers_as_vllms_does(name: str) -> None:
+    """http_requests_total on /v1/completions, by status class: a 2xx for every request the engine
+    finished (its clients never give up), a 503 for every admission rejection; nothing failed."""
+    from diagnostics.core.diagnosis.outcomes import window_outcomes
+    from diagnostics.core.metrics.derive import Scrape
+
+    scrapes = [Scrape(ts, parse_snapshot(text)) for ts, text in Simulation(name).run_for(40)]
+    o = window_outcomes(scrapes, None)
+    assert o.exports_http and o.engine_requests and o.answered == o.engine_requests
+    assert (o.gave_up, o.rejected, o.failed) == (0, 0, 0)
+    assert o.http("5xx") == o.shed and (o.shed > 0) == (name == "admission_limit")

@@ -1,18 +1,20 @@
 """SLO attainment from histogram buckets: exact at a bucket bound, otherwise bounded by the buckets
-around the budget (never interpolated); goodput across two budgets at least a + b − 1; the error
-share from request_success. One check on a real recording, against its raw bucket lines."""
+around the budget (never interpolated); goodput across two budgets at least a + b − 1; beside it the
+outcome rules' failed, rejected and given-up shares. Checks on real recordings, against their raw
+bucket lines and the recorder's own clients."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from diagnostics.core.metrics.catalog import Histogram
 from diagnostics.core.metrics.slo import Attainment, SloAttainment, attainment, slo_attainment
 from diagnostics.recording import read_recording
-from tests.unit.synth import scrape
 
 # 100 observations: 10 ≤ 0.1 s, 60 in (0.1, 0.5], 20 in (0.5, 1.0], 10 above.
 HIST = Histogram((0.1, 0.5, 1.0, float("inf")), (10.0, 70.0, 90.0, 100.0), 50.0, 100.0)
@@ -54,13 +56,13 @@ def test_shares_are_rounded_toward_what_they_claim() -> None:
 def test_goodput_of_two_per_request_budgets_is_at_least_their_sum_minus_one() -> None:
     ttft = attainment(HIST, 1.0, "request")  # 90 %
     itl = attainment(HIST, 0.5, "request")  # 70 %
-    slo = SloAttainment(ttft, itl, 100.0, 3.0, 0.0)
+    slo = SloAttainment(ttft, itl)
     assert slo.goodput_at_least == pytest.approx(0.6)
-    assert slo.error_share == pytest.approx(0.03)
     assert slo.text().startswith("goodput ≥ 60.0 % of requests within TTFT and ITL")
     # Per token gap, ITL says nothing of requests: no goodput figure, the shares still shown.
     gaps = attainment(HIST, 0.5, "token gap")
-    assert SloAttainment(ttft, gaps, 100.0, 0.0, 0.0).goodput_at_least is None
+    assert SloAttainment(ttft, gaps).goodput_at_least is None
+    assert SloAttainment(ttft, gaps).text().startswith("goodput not stated: ITL is judged per token gap")
 
 
 def test_no_budget_no_attainment() -> None:
@@ -90,7 +92,6 @@ def test_on_a_real_recording_the_share_is_the_bucket_delta_over_the_count_delta(
     assert slo is not None and slo.ttft is not None and slo.ttft.exact
     assert slo.ttft.share_at_least == pytest.approx(within / total)
     assert slo.itl is not None and slo.itl.per == "request"  # vLLM 0.32 exports the per-request TPOT
-    assert slo.num_requests_finished == 40.0 and slo.error_share == 0.0
 
 
 def test_status_prints_the_slo_line_and_its_json_with_the_buckets_honesty() -> None:
@@ -105,7 +106,9 @@ def test_status_prints_the_slo_line_and_its_json_with_the_buckets_honesty() -> N
     slo_line = next(line for line in text.splitlines() if line.startswith("SLO"))
     # 80 ms lies between the TPOT buckets' 75 and 100 ms bounds: stated from 75 ms, as a lower bound.
     assert "within 75 ms, the bucket bound ≤ the 80 ms budget" in slo_line
-    assert "errors 0.0 % of 40 finished" in slo_line
+    # Beside it, the outcome shares: all 40 of the recipe's requests were answered and finished.
+    outcomes_line = next(line for line in text.splitlines() if line.startswith("outcomes"))
+    assert "failed 0.0 % (0 of 40) · rejected 4xx 0.0 % (0 of 40) · given up 0.0 % (0 of 40 answered)" in outcomes_line
     obj = json.loads(subprocess.run([*args, "--json"], cwd=root, capture_output=True, text=True, timeout=60).stdout)
     assert obj["slo"]["ttft"]["exact"] is True and obj["slo"]["itl"]["lower_bound_seconds"] == 0.075
     assert obj["slo"]["goodput_at_least"] is not None
@@ -114,7 +117,7 @@ def test_status_prints_the_slo_line_and_its_json_with_the_buckets_honesty() -> N
 def test_the_fleet_row_shows_goodput_and_a_dash_without_budgets() -> None:
     from diagnostics.core.fleet.table import FleetRow
 
-    slo = SloAttainment(attainment(HIST, 1.0, "request"), attainment(HIST, 0.5, "request"), 100.0, 0.0, 0.0)
+    slo = SloAttainment(attainment(HIST, 1.0, "request"), attainment(HIST, 0.5, "request"))
     assert FleetRow("a:8000", "m", True, {}, slo=slo).goodput_text == "≥ 60.0 %"
     assert FleetRow("a:8000", "m", True, {}).goodput_text == "—"
     assert FleetRow("a:8000", "m", True, {}, slo=slo).to_json()["slo"]["goodput_at_least"] == pytest.approx(0.6)
@@ -124,7 +127,7 @@ def test_the_fleet_table_frame_has_the_goodput_column() -> None:
     from diagnostics.core.fleet.table import FleetRow
     from diagnostics.ui import fleet_view
 
-    slo = SloAttainment(attainment(HIST, 1.0, "request"), None, 100.0, 0.0, 0.0)
+    slo = SloAttainment(attainment(HIST, 1.0, "request"), None)
     df = fleet_view.frame([FleetRow("a:8000", "m", True, {}, slo=slo)], "http://prometheus:9090", "")
     assert df.loc[0, "goodput"] == "≥ 90.0 %"
     assert "goodput" in fleet_view.column_config()
@@ -154,11 +157,59 @@ def test_an_at_most_share_is_rounded_up_and_an_at_least_share_down() -> None:
     assert first.text().startswith("≤ 10.1 % of requests within 50 ms")
 
 
-def test_errors_and_aborts_are_each_their_own_share_of_the_finished_requests() -> None:
-    """Between two scrapes 80 stopped, 10 at length, 7 aborted, 3 errors: 100 finished, 3 % errors
-    and 7 % aborted, read from request_success's finished_reason labels."""
-    slo = slo_attainment([scrape(0.0, finished=(0, 0, 0, 0)), scrape(1.0, finished=(80, 10, 7, 3))], 1000.0, None)
-    assert slo is not None
-    assert (slo.num_requests_finished, slo.num_errors, slo.num_aborted) == (100.0, 3.0, 7.0)
-    assert (slo.error_share, slo.abort_share) == (pytest.approx(0.03), pytest.approx(0.07))
-    assert slo.text().endswith("errors 3.0 % of 100 finished, aborted 7.0 %")
+LABELS = json.loads((INCIDENTS / "labels.json").read_text())
+
+
+def _status_json(name: str) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    args = [sys.executable, "-m", "diagnostics", "status", "--replay", str(INCIDENTS / f"{name}.jsonl.gz"),
+            "--window", "600", "--json"]
+    return dict(json.loads(subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=60).stdout))
+
+
+@pytest.mark.parametrize(("name", "share", "status_code"), [
+    # 800-word prompts over --max-model-len 512 beside 4 closed-loop clients: the clients saw 41 HTTP 400s.
+    ("rejected_over_len_512", "rejected", "400"),
+    # 12 clients with a 2 s read timeout queued at --max-num-seqs 2: 56 of them gave up (no answer: -1).
+    ("gave_up_streaming_cap2", "gave_up", "-1"),
+])
+def test_status_states_the_outcome_share_the_rule_judged_with_the_clients_own_count(
+        name: str, share: str, status_code: str) -> None:
+    """One computation: the share ``status`` prints beside goodput is the one the outcome rule's
+    finding carries, and its count is what the recorder's own clients saw."""
+    from diagnostics.core.diagnosis import diagnose, prepare
+
+    clients = LABELS[name]["clients"]
+    obj = _status_json(name)["outcomes"]
+    assert obj[share] == clients["by_status"][status_code]
+    recording = read_recording(INCIDENTS / f"{name}.jsonl.gz")
+    finding = next(f for f in diagnose(prepare(recording.scrapes(), info=recording.info()))
+                   if f.id in ("requests_rejected", "clients_gave_up"))
+    assert obj[f"{share}_share_perc"] == pytest.approx(finding.evidence[f"{share}_share_perc"])
+    whole = clients["requests"]  # every request the clients sent got an answer (the give-ups a 2xx)
+    assert obj[f"{share}_share_perc"] == pytest.approx(clients["by_status"][status_code] / whole)
+    assert f"{clients['by_status'][status_code] / whole * 100:.1f} % ({clients['by_status'][status_code]} of {whole}" \
+        in obj["text"]
+
+
+def test_the_fleet_table_and_its_cli_show_the_outcome_shares_beside_goodput() -> None:
+    """A replica refusing 41 of its 108 requests (the real rejected_over_len_512 recording): the
+    Fleet frame's and ``fleet``'s text cells say 38.0 % (41); a replica not diagnosed says a dash."""
+    from diagnostics.cli.render import render_fleet
+    from diagnostics.core.diagnosis.outcomes import window_outcomes
+    from diagnostics.core.fleet.table import FleetRow
+    from diagnostics.prometheus_fleet import FleetReport, Window
+    from diagnostics.ui import fleet_view
+
+    seen = window_outcomes(read_recording(INCIDENTS / "rejected_over_len_512.jsonl.gz").scrapes(), 512)
+    rows = [FleetRow("a:8000", "m", True, {}, outcomes=seen), FleetRow("b:8000", "m", True, {})]
+    df = fleet_view.frame(rows, "http://prometheus:9090", "")
+    assert df.loc[0, "rejected 4xx"] == "38.0 % (41)" and df.loc[0, "failed"] == "0.0 % (0)"
+    assert df.loc[1, "gave up"] == "—"
+    assert {"failed", "rejected 4xx", "gave up"} <= set(fleet_view.column_config())
+    text = render_fleet(FleetReport(Window(0, 1, 1), rows, [], [], 0))
+    assert "38.0 % (41)" in text.splitlines()[1] and "gave up" in text.splitlines()[0]
+    assert rows[0].to_json()["outcomes"]["rejected"] == 41

@@ -112,6 +112,19 @@ CAUSE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("engine_exception", re.compile(r"\(EngineCore[^)]*\)\s+(?:ERROR|CRITICAL)\b.*?\b(?:[A-Z]\w*Error|Exception)\b")),
     ("engine_dead", re.compile(r"EngineDeadError")),
 )
+# A stop someone asked for, in vLLM's own words: the API server's signal handler (SIGINT / SIGTERM;
+# vllm/entrypoints/launchers/launcher.py serve_http: "[shutdown] API server: shutdown triggered") and
+# the EngineCore process's (vllm/v1/engine/core.py run_engine_core: "[shutdown] EngineCore: trigger
+# received signal=%s"). A killed engine logs neither: its API server notices the process gone
+# ("[shutdown] MPClient: engine core exited unexpectedly", core_client.py) and raises EngineDeadError.
+STOP_REQUESTED = re.compile(r"\[shutdown\] API server: shutdown triggered|"
+                            r"\[shutdown\] EngineCore: trigger received signal=(?P<signal>[A-Z]+)")
+# vllm/v1/engine/core.py _handle_shutdown: the requests the stop aborted (or drained), when the engine
+# lives to say so; with vLLM 0.32's default --shutdown-timeout 0 its process manager force-kills it at
+# once (vllm/v1/utils.py), and each stream in flight ends in the API server's EngineDeadError
+# traceback (vllm/entrypoints/openai/completion/serving.py's "Error in completion stream generator").
+_IN_FLIGHT = re.compile(r"\[shutdown\] EngineCore: (?P<how>aborting|draining) in-flight requests count=(?P<count>\d+)")
+_STREAM_CUT = re.compile(r"\[serving\.py:\d+\].*\bEngineDeadError\b")
 _SERVING = re.compile(r"Application startup complete|Starting vLLM (?:API )?server|Uvicorn running on")
 _STARTED = re.compile(r"Application startup complete")
 
@@ -177,16 +190,31 @@ class LogFacts:
     causes: tuple[LogError, ...] = ()  # the lines that matter about a death, in log order
     num_lines: int = 0  # lines with something on them
     started_line: int | None = None  # "Application startup complete" (None: the log never says it)
+    stop_lines: tuple[LogError, ...] = ()  # a stop asked for (a signal), and the requests it cut, in log order
 
     def first(self, kind: str) -> LogError | None:
         return next((e for e in self.errors if e.kind == kind), None)
 
+    def stopped_on_request(self) -> LogError | None:
+        """The line where a server that had come up was asked to stop (a signal), when that came
+        before any sign of a death: a clean shutdown, whatever the shutdown itself then logs (its
+        engine process exiting, the requests in flight aborted with EngineDeadError)."""
+        up = self.started_line  # "Application startup complete": a stop before it stopped a start
+        if up is None or self.serving_line is None:
+            return None
+        stop = next((c for c in self.stop_lines if c.kind == "stop_requested" and c.line_no >= up), None)
+        if stop is None:
+            return None
+        first_death = next((c for c in self.causes if c.line_no >= self.serving_line), None)
+        return stop if first_death is None or stop.line_no < first_death.line_no else None
+
     def died_serving(self) -> LogError | None:
-        """The engine-death line, when it comes after the server started serving."""
+        """The engine-death line, when it comes after the server started serving and was not asked to
+        stop first (:meth:`stopped_on_request`)."""
         dead = next((c for c in self.causes if c.kind == "engine_dead"), None)
         if dead is None or self.serving_line is None or dead.line_no < self.serving_line:
             return None
-        return dead
+        return None if self.stopped_on_request() is not None else dead
 
     def death_lines(self) -> tuple[LogError, ...]:
         """The lines that matter about a death while serving (after the server came up)."""
@@ -341,6 +369,7 @@ def parse_log(text: str) -> LogFacts:
     args: dict[str, Any] = {}
     available = tokens = concurrency = None
     causes: dict[str, LogError] = {}
+    stops: list[LogError] = []
     serving: int | None = None
     started: int | None = None
     lines = text.splitlines()
@@ -352,6 +381,10 @@ def parse_log(text: str) -> LogFacts:
         for kind, pattern in CAUSE_PATTERNS:
             if kind not in causes and pattern.search(line):
                 causes[kind] = LogError(kind, line_no, inert(line.strip())[-400:])
+        for kind, pattern in (("stop_requested", STOP_REQUESTED), ("in_flight", _IN_FLIGHT), ("stream_cut", _STREAM_CUT)):
+            if (m := pattern.search(line)) is not None:
+                numbers, words = _numbers_and_words(m.groupdict())
+                stops.append(LogError(kind, line_no, inert(line.strip())[-400:], numbers, words))
         for kind, pattern in ERROR_PATTERNS:
             if kind in errors:
                 continue
@@ -377,8 +410,9 @@ def parse_log(text: str) -> LogFacts:
         ordered.append(errors["cuda_oom"])
     facts = LogFacts(tuple(sorted(ordered, key=lambda e: e.line_no)), version, args, available, tokens, concurrency,
                      serving, tuple(sorted(causes.values(), key=lambda e: e.line_no)),
-                     sum(1 for line in lines if line.strip()), started)
-    if facts.died_serving() is not None:
-        # A death after startup is the runtime-death finding's, not a startup error.
+                     sum(1 for line in lines if line.strip()), started, tuple(stops))
+    if facts.died_serving() is not None or facts.stopped_on_request() is not None:
+        # A death after startup is the runtime-death finding's, not a startup error; the EngineDeadError
+        # of the requests a requested stop cut is neither.
         facts = replace(facts, errors=tuple(e for e in facts.errors if e.kind not in ("engine_dead", "cuda_oom")))
     return facts

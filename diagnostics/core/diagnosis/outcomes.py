@@ -36,6 +36,20 @@ from diagnostics.core.metrics.derive import Scrape, counter_step, histogram_step
 
 
 @dataclass(frozen=True, slots=True)
+class Share:
+    """Some of a window's requests against the requests they are a share of (the rules' and the pages'
+    one reading of it). ``count`` None: the server does not export what would count them."""
+
+    count: float | None
+    of: float
+
+    @property
+    def perc(self) -> float | None:
+        """count / of (0..1); None when it is not counted or there is nothing to share."""
+        return self.count / self.of if self.count is not None and self.of > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """What one interval between two good scrapes added (None: the server does not export it)."""
 
@@ -176,6 +190,21 @@ class Outcomes:
             return sum(self.http(status) or 0.0 for status in ("2xx", "4xx", "5xx"))
         return self.engine_requests or sum(self.finished.values())
 
+    @property
+    def failed_share(self) -> Share:
+        """Failed requests (finished ``error`` or HTTP 5xx, not shed) of every request answered."""
+        return Share(self.failed, self.requests)
+
+    @property
+    def rejected_share(self) -> Share:
+        """HTTP 4xx refusals of every request answered (not counted without http_requests_total)."""
+        return Share(self.rejected, self.requests)
+
+    @property
+    def gave_up_share(self) -> Share:
+        """Give-ups of the 2xx answers: a client that gave up still got its 2xx (its headers went out)."""
+        return Share(self.gave_up, self.answered or 0.0)
+
     def gave_up_range(self) -> tuple[float, float] | None:
         """From the first interval in which an answer went unfinished to the last."""
         hit = [s for s in self.steps if s.gave_up > 0]
@@ -197,7 +226,9 @@ class Outcomes:
         return {"seconds": round(self.seconds, 3), "requests": self.requests, "answered": self.answered,
                 "rejected": self.rejected, "server_errors": self.server_errors, "shed": self.shed,
                 "failed": self.failed, "gave_up": self.gave_up, "cut_at_context": self.cut,
-                "finished": self.finished, "max_model_len": self.max_model_len}
+                "finished": self.finished, "max_model_len": self.max_model_len,
+                "failed_share_perc": self.failed_share.perc, "rejected_share_perc": self.rejected_share.perc,
+                "gave_up_share_perc": self.gave_up_share.perc}
 
 
 def _labelled(a: Snapshot, b: Snapshot, concept: str, restart: bool) -> dict[str, float] | None:
@@ -241,6 +272,11 @@ def _lag(first: Snapshot) -> float:
     done = params_n.count if params_n is not None else sum(
         n for reason, n in (finished or {}).items() if reason != "abort")
     return max(0.0, done - http.get("2xx", 0.0))
+
+
+def window_outcomes(scrapes: Sequence[Scrape], max_model_len: int | None) -> Outcomes:
+    """The outcomes over a window of scrapes (its good ones), as :func:`outcomes` reads a context's."""
+    return outcomes_of([(s, s.snapshot) for s in scrapes if s.snapshot is not None], max_model_len)
 
 
 def outcomes(ctx: Context) -> Outcomes:

@@ -107,6 +107,9 @@ RULES: tuple[Rule, ...] = (
          needs_scrapes=False),
     Rule("engine_died", outages.engine_died, ("engine_died",), ("down",), chart="generation_tokens",
          alert="VLLMServerDown", scenario=None, window=False, needs_scrapes=False),
+    # A stop someone asked for (a signal before any death in the log): information, never a death.
+    Rule("server_stopped", outages.server_stopped, ("server_stopped",), (), chart=None, alert=None, scenario=None,
+         window=False, needs_scrapes=False),
     Rule("outage", outages.outage, ("server_down", "server_restarted"), ("down",), chart="generation_tokens",
          alert="VLLMServerDown", scenario=None,
          # Late answers from a busy frontend are not an outage: restarting is not the advice.

@@ -1,7 +1,7 @@
 """The GPU health panel's charts (pure: the collector's GPU readings in, figure out): utilisation,
 temperature against its slowdown threshold, power against its enforced limit, SM clock against its
-maximum with the clocks-event (throttle) reasons marked, one line per device; and the reasons now,
-per device, as rows.
+maximum with the clocks-event (throttle) reasons marked, one line per device (the reasons now, per
+device, as rows: :func:`diagnostics.core.text.gpu_rows`).
 
 Readings come from NVML or a dcgm-exporter alike (:class:`~diagnostics.core.metrics.gpu.GpuReading`).
 A builder returns ``None`` when no device reported its field, and the page shows an empty state.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from diagnostics.core.figures.common import apply_layout, as_datetimes
-from diagnostics.core.metrics.gpu import GpuDevice, GpuReading, clock_event_names
+from diagnostics.core.metrics.gpu import GpuDevice, GpuReading, clock_event_names, device_order
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
@@ -48,10 +48,6 @@ GPU_PANELS: tuple[GpuPanel, ...] = (
 PANELS_BY_KEY = {p.key: p for p in GPU_PANELS}
 
 
-def _device_key(device: GpuDevice) -> tuple[str, int, str]:
-    return (device.host or "", device.index, device.uuid or "")
-
-
 def gpu_figure(history: Sequence[tuple[float, GpuReading]], panel: str) -> go.Figure | None:
     """One line per device of ``panel``'s field over the readings, its companion dotted; for the
     clocks, a ✕ at each reading whose thermal or power reasons were set (the reasons in the hover)."""
@@ -59,7 +55,7 @@ def gpu_figure(history: Sequence[tuple[float, GpuReading]], panel: str) -> go.Fi
     lines: dict[tuple[str, int, str], tuple[str, list[float], list[float | None], list[float | None], list[str]]] = {}
     for ts, reading in history:
         for device in reading.devices:
-            entry = lines.setdefault(_device_key(device), (device.label, [], [], [], []))
+            entry = lines.setdefault(device_order(device), (device.label, [], [], [], []))
             value = spec.value(device)
             other = spec.companion(device) if spec.companion else None
             entry[1].append(ts)
@@ -88,40 +84,3 @@ def gpu_figure(history: Sequence[tuple[float, GpuReading]], panel: str) -> go.Fi
                 hovertemplate="throttled: %{customdata}<extra></extra>"))
     extra = {"yaxis_range": [0, 105]} if spec.unit == "%" else {"yaxis_rangemode": "tozero"}
     return apply_layout(fig, spec.title, spec.unit, height=300, **extra)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuRow:
-    """One device now, as the panel's table shows it (text already in the units people read)."""
-
-    device: str
-    clock_events: str
-    utilization: str
-    temperature: str
-    power: str
-    sm_clock: str
-
-
-def _fmt(value: float | None, unit: str, scale: float = 1.0, of: float | None = None) -> str:
-    if value is None:
-        return "—"
-    text = f"{value * scale:.0f} {unit}"
-    return text + (f" of {of * scale:.0f}" if of is not None else "")
-
-
-def gpu_rows(reading: GpuReading) -> list[GpuRow]:
-    """Each device's latest reading: its clocks-event reasons by name ("none" when the mask is 0,
-    "not reported" when the source gave none), utilisation, temperature, power and SM clock."""
-    rows = []
-    for d in sorted(reading.devices, key=_device_key):
-        names = clock_event_names(d.clock_events)
-        events = "not reported" if d.clock_events is None else (", ".join(names) if names else "none")
-        rows.append(GpuRow(
-            d.label, events,
-            _fmt(d.utilization_gpu_perc, "%", 100.0),
-            _fmt(d.temperature_celsius, "°C") + (f" (slowdown {d.temperature_slowdown_celsius:.0f})"
-                                                 if d.temperature_slowdown_celsius is not None else ""),
-            _fmt(d.power_watts, "W", of=d.power_limit_watts),
-            _fmt(d.sm_clock_mhz, "MHz", of=d.sm_clock_max_mhz),
-        ))
-    return rows

@@ -27,7 +27,7 @@ from typing import Any
 from diagnostics.core.metrics.catalog import COUNTERS, GAUGES, HISTOGRAMS, MEAN_CONCEPTS, snapshot_from_samples
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
-from diagnostics.core.metrics.parse import PROCESS_START, Sample
+from diagnostics.core.metrics.parse import HTTP_REQUESTS, PROCESS_START, Sample
 
 TARGET_LABELS = ("job", "instance")
 """Labels Prometheus adds to every scraped series; stripped before the catalog sees a sample."""
@@ -110,8 +110,11 @@ class Scope:
 
 
 def raw_series_query(scope: Scope) -> str:
-    """Every sample the catalog reads, plus ``up``: the input of :func:`histories_from_matrix`."""
-    names = f'__name__=~"vllm:.+|up|{PROCESS_START}"'
+    """Every sample the catalog reads, plus ``up``: the input of :func:`histories_from_matrix`.
+    ``http_requests_total`` (the API server's answers by handler and status) rides in the same query,
+    so the outcome rules (rejected 4xx, clients that gave up) judge each instance through Prometheus
+    without one more query per refresh."""
+    names = f'__name__=~"vllm:.+|up|{PROCESS_START}|{HTTP_REQUESTS}"'
     return scope.matchers(names, '__name__!~".+_created"')
 
 

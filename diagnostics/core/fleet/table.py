@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from diagnostics.core.diagnosis.outcomes import Outcomes
 from diagnostics.core.diagnosis.types import SEVERITY_ORDER, Finding
 from diagnostics.core.fleet.promql import Discovered
 from diagnostics.core.metrics.slo import SloAttainment
@@ -27,6 +28,7 @@ class FleetRow:
     findings: tuple[Finding, ...] = ()
     error: str | None = None  # why this instance's diagnosis could not run
     slo: SloAttainment | None = None  # with budgets: the shares within them over the range
+    outcomes: Outcomes | None = None  # failed, rejected and given-up requests over the range (None: not diagnosed)
 
     @property
     def goodput_text(self) -> str:
@@ -49,6 +51,7 @@ class FleetRow:
             "findings": [f.id for f in self.findings],
             "error": self.error,
             "slo": self.slo.to_json() if self.slo is not None else None,
+            "outcomes": self.outcomes.to_json() if self.outcomes is not None else None,
         }
 
 
@@ -62,16 +65,18 @@ def rows(
     findings: Mapping[str, Sequence[Finding]] | None = None,
     errors: Mapping[str, str] | None = None,
     slo: Mapping[str, SloAttainment | None] | None = None,
+    outcomes: Mapping[str, Outcomes] | None = None,
 ) -> list[FleetRow]:
     """One row per instance; ``columns`` maps a column key to ``{instance: value}``."""
     findings = findings or {}
     errors = errors or {}
     slo = slo or {}
+    outcomes = outcomes or {}
     out = []
     for d in instances:
         values = {key: _clean(per.get(d.instance)) for key, per in columns.items()}
         out.append(FleetRow(d.instance, d.model, d.up, values, tuple(findings.get(d.instance, ())),
-                            errors.get(d.instance), slo.get(d.instance)))
+                            errors.get(d.instance), slo.get(d.instance), outcomes.get(d.instance)))
     return out
 
 

@@ -128,6 +128,11 @@ class GpuDevice:
             return None
 
 
+def device_order(device: GpuDevice) -> tuple[str, int, str]:
+    """How devices are listed and told apart: by host, then index, then UUID."""
+    return (device.host or "", device.index, device.uuid or "")
+
+
 _FLOAT_FIELDS = tuple(f.name for f in fields(GpuDevice)
                       if f.name.endswith(("_perc", "_celsius", "_watts", "_mhz")))
 

@@ -10,8 +10,8 @@ share at or below the smallest bound above it (an upper bound). Nothing is inter
 TTFT is per request (``time_to_first_token_seconds``). ITL is judged per request on vLLM's
 ``request_time_per_output_token_seconds`` (each finished request's mean gap, which vLLM's docs
 recommend for request-level TPOT) and, on servers without it, per token gap on
-``inter_token_latency_seconds`` (then said so). The error share beside it is read from
-``request_success`` by ``finished_reason`` (``error``; ``abort``: requests vLLM aborted).
+``inter_token_latency_seconds`` (then said so). The failed, rejected and given-up shares shown
+beside it are the outcome rules' own (:class:`~diagnostics.core.diagnosis.outcomes.Outcomes`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diagnostics.core.metrics.catalog import Histogram
-from diagnostics.core.metrics.derive import Scrape, histogram_delta, labelled_increase
+from diagnostics.core.metrics.derive import Scrape, histogram_delta
 from diagnostics.core.text import fmt_seconds_as_ms
 
 
@@ -86,23 +86,10 @@ def attainment(hist: Histogram | None, budget_seconds: float, per: str) -> Attai
 
 @dataclass(frozen=True, slots=True)
 class SloAttainment:
-    """Goodput over a window: the shares within the TTFT and ITL budgets, and the error share."""
+    """Goodput over a window: the shares within the TTFT and ITL budgets."""
 
     ttft: Attainment | None
     itl: Attainment | None
-    num_requests_finished: float | None
-    num_errors: float | None
-    num_aborted: float | None
-
-    @property
-    def error_share(self) -> float | None:
-        return self.num_errors / self.num_requests_finished if self.num_requests_finished and \
-            self.num_errors is not None else None
-
-    @property
-    def abort_share(self) -> float | None:
-        return self.num_aborted / self.num_requests_finished if self.num_requests_finished and \
-            self.num_aborted is not None else None
 
     @property
     def goodput_at_least(self) -> float | None:
@@ -116,24 +103,23 @@ class SloAttainment:
         return max(0.0, sum(s or 0.0 for s in shares) - (len(shares) - 1))
 
     def text(self) -> str:
-        """One line: goodput first, then each budget's share, then the error share."""
+        """One line: goodput first, then each budget's share."""
         bits = []
         good = self.goodput_at_least
         if good is not None:
             bits.append(f"goodput ≥ {_pct(good)} of requests within " +
                         " and ".join(n for n, a in (("TTFT", self.ttft), ("ITL", self.itl)) if a is not None))
+        elif self.itl is not None and self.itl.per != "request":
+            bits.append("goodput not stated: ITL is judged per token gap here (no per-request "
+                        "request_time_per_output_token_seconds), which says nothing of whole requests")
         for name, a in (("TTFT", self.ttft), ("ITL", self.itl)):
             if a is not None:
                 bits.append(f"{name}: {a.text()}")
-        if self.error_share is not None:
-            bits.append(f"errors {_pct(self.error_share)} of {self.num_requests_finished:,.0f} finished"
-                        + (f", aborted {_pct(self.abort_share)}" if self.abort_share else ""))
         return " · ".join(bits) if bits else "no budget set"
 
     def to_json(self) -> dict[str, Any]:
         return {"ttft": self.ttft.to_json() if self.ttft else None, "itl": self.itl.to_json() if self.itl else None,
-                "goodput_at_least": self.goodput_at_least, "num_requests_finished": self.num_requests_finished,
-                "error_share": self.error_share, "abort_share": self.abort_share, "text": self.text()}
+                "goodput_at_least": self.goodput_at_least, "text": self.text()}
 
 
 def slo_attainment(scrapes: Sequence[Scrape], ttft_budget_ms: float | None,
@@ -150,10 +136,7 @@ def slo_attainment(scrapes: Sequence[Scrape], ttft_budget_ms: float | None,
         if itl is None:
             itl = attainment(histogram_delta(scrapes, "inter_token_latency_seconds"), itl_budget_ms / 1000,
                              "token gap")
-    finished = labelled_increase(scrapes, "request_success")
-    total = sum(finished.values()) if finished is not None else None
-    return SloAttainment(ttft, itl, total, finished.get("error", 0.0) if finished is not None else None,
-                         finished.get("abort", 0.0) if finished is not None else None)
+    return SloAttainment(ttft, itl)
 
 
 def _pct(share: float | None, up: bool = False) -> str:

@@ -7,10 +7,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from diagnostics.core.diagnosis.outcomes import Outcomes
 from diagnostics.core.metrics.derive import DerivedState
+from diagnostics.core.metrics.gpu import GpuReading, clock_event_names
 from diagnostics.core.metrics.info import ServerInfo, TargetState, TargetStatus
 from diagnostics.core.metrics.slo import SloAttainment
-from diagnostics.core.text import prompt_sources_text, roofline_text
+from diagnostics.core.text import outcome_shares_text, prompt_sources_text, roofline_text
 
 # The latency histograms a status reports, under the short names of its JSON keys.
 LATENCIES = (
@@ -42,10 +44,13 @@ class StatusReport:
     info: ServerInfo | None
     derived: DerivedState
     slo: SloAttainment | None = None  # with budgets given: the shares within them over the window
+    outcomes: Outcomes | None = None  # the window's failed, rejected and given-up requests (the rules' reading)
+    gpus: GpuReading | None = None  # the latest GPU health reading (None: no GPU source configured or read)
 
     @classmethod
-    def of(cls, status: TargetStatus, derived: DerivedState, slo: SloAttainment | None = None) -> StatusReport:
-        return cls(status.target, status.state, status.error, status.info, derived, slo)
+    def of(cls, status: TargetStatus, derived: DerivedState, slo: SloAttainment | None = None,
+           outcomes: Outcomes | None = None, gpus: GpuReading | None = None) -> StatusReport:
+        return cls(status.target, status.state, status.error, status.info, derived, slo, outcomes, gpus)
 
     @property
     def up(self) -> bool:
@@ -104,4 +109,10 @@ class StatusReport:
         for key in CACHE_CONFIG_KEYS:
             obj[key] = getattr(config, key) if config is not None else None
         obj["slo"] = self.slo.to_json() if self.slo is not None else None
+        o = self.outcomes
+        obj["outcomes"] = None if o is None else {**o.to_json(), "text": outcome_shares_text(o)}
+        obj["gpus"] = None if self.gpus is None else {
+            "source": self.gpus.source, "unavailable": self.gpus.unavailable,
+            "devices": [{**d.to_json(), "label": d.label, "clock_event_names": list(clock_event_names(d.clock_events)),
+                         "throttled_by": list(clock_event_names(d.throttles))} for d in self.gpus.devices]}
         return obj

@@ -15,6 +15,7 @@ class GpuSpec:
     bandwidth_bytes_per_s: float
     flops: float  # dense bf16 peak
     step_overhead_s: float = 0.003  # scheduling, sampling, kernel launches per step
+    variant: str | None = None  # its row in diagnostics.core.hardware.GPUS (None: not a GPU of the table)
 
     @classmethod
     def datasheet(cls, name: str, gpu: str) -> GpuSpec:
@@ -22,7 +23,7 @@ class GpuSpec:
         row = GPUS_BY_NAME[gpu]
         peak = row.peak()
         assert peak is not None, f"{gpu}: the GPU table holds no peaks for it"
-        return cls(name, row.memory_bytes, peak.bandwidth_bytes_per_second, peak.flops_per_second)
+        return cls(name, row.memory_bytes, peak.bandwidth_bytes_per_second, peak.flops_per_second, variant=gpu)
 
 
 GPU_SPECS = {

@@ -186,3 +186,37 @@ def engine_died(ctx: Context) -> list[Finding]:
         ),
         time_range=(down, down) if down is not None else None,
     )]
+
+
+def server_stopped(ctx: Context) -> list[Finding]:
+    """A server that had come up and was asked to stop (SIGTERM or SIGINT: a deploy, an autoscaler, a
+    node drain, ``docker stop``, Ctrl-C) before any sign of a death: said, as information, so a clean
+    shutdown is not read as a crash, nor a log that ends in one as "nothing unusual"."""
+    log = ctx.log
+    stop = log.stopped_on_request() if log is not None else None
+    if log is None or stop is None:
+        return []
+    # The EngineCore names the signal it got: the user's own when it was sent to the whole process
+    # group, else the SIGTERM the API server's process manager relays to it (vllm/v1/utils.py).
+    signals = sorted({c.words["signal"] for c in log.stop_lines if "signal" in c.words})
+    after = [c for c in log.stop_lines if c.line_no >= stop.line_no]
+    engine_count = next((c for c in after if c.kind == "in_flight"), None)
+    streams_cut = sum(1 for c in after if c.kind == "stream_cut")
+    when = log_time(stop.text)
+    in_flight = int(engine_count.numbers["count"]) if engine_count is not None else streams_cut
+    how = "drained" if engine_count is not None and engine_count.words.get("how") == "draining" else "cut"
+    return [Finding(
+        id="server_stopped",
+        severity="info",
+        title=f"Stopped on request{f' at {when}' if when else ''}: a clean shutdown, not a death"
+              + (f" ({in_flight} request{'s' if in_flight != 1 else ''} in flight {how})" if in_flight else ""),
+        evidence={"stopped_at_log_time": when, "engine_core_signals": signals, "num_requests_in_flight": in_flight,
+                  "num_streams_cut": streams_cut,
+                  "log_lines": [f"line {c.line_no}: {c.text[-240:]}" for c in after if c.kind != "stream_cut"][:4]},
+        checks=(
+            "If nobody meant to stop it, find who sent the signal: a deploy or rollout, an autoscaler scaling in, a "
+            "node drain or eviction, `docker stop` / `kubectl delete pod`, systemd, or Ctrl-C in its terminal.",
+            "vLLM aborts the requests in flight on a stop unless it was started with --shutdown-timeout N (a grace "
+            "period in seconds for running requests to finish; 0, the default, aborts them).",
+        ),
+    )]

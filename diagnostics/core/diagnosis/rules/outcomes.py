@@ -20,10 +20,6 @@ from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.text import fmt_duration, fmt_seconds_as_ms
 
 
-def _share(part: float, whole: float) -> float:
-    return part / whole if whole > 0 else 0.0
-
-
 def _counts(o: Outcomes) -> dict[str, Any]:
     """The window's outcome counts, as every outcome finding's evidence carries them."""
     return {"requests": o.requests, "answered_2xx": o.answered, "rejected_4xx": o.rejected,
@@ -36,7 +32,7 @@ def requests_failed(ctx: Context) -> list[Finding]:
     limits' 503s excepted: load shed by design, which ``admission_rejected`` reports)."""
     t, o = ctx.thresholds, outcomes(ctx)
     failed, total = o.failed, o.requests
-    share = _share(failed, total)
+    share = o.failed_share.perc or 0.0
     if failed < t.outcome_min_requests or share < t.failed_min_share:
         return []
     errors = o.finished.get("error", 0.0)
@@ -96,7 +92,7 @@ def requests_rejected(ctx: Context) -> list[Finding]:
     often a prompt longer than --max-model-len ("This model's maximum context length is N tokens")."""
     t, o = ctx.thresholds, outcomes(ctx)
     rejected, total = o.rejected or 0.0, o.requests
-    share = _share(rejected, total)
+    share = o.rejected_share.perc or 0.0
     if rejected < t.outcome_min_requests or share < t.rejected_min_share:
         return []
     m = ctx.flags.max_model_len
@@ -136,7 +132,7 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
     gave_up, answered = o.gave_up, o.answered
     if gave_up is None or answered is None or _outage_in(ctx):
         return []
-    share = _share(gave_up, answered)
+    share = o.gave_up_share.perc or 0.0
     if gave_up < t.outcome_min_requests or share < t.gave_up_min_share:
         return []
     scrapes = [s for s, _ in ctx.ok]
@@ -205,7 +201,7 @@ def answers_cut_at_context(ctx: Context) -> list[Finding]:
     finished = sum(n for reason, n in o.finished.items() if reason != "abort")
     if cut is None or o.max_model_len is None:
         return []
-    share = _share(cut, finished)
+    share = cut / finished if finished > 0 else 0.0
     if cut < t.outcome_min_requests or share < t.cut_min_share:
         return []
     m = o.max_model_len
