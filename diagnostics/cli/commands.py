@@ -90,9 +90,11 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         raise CliError("whatif needs a window: --replay FILE, --url URL --seconds N, or --prometheus URL", EXIT_USAGE)
     history, info = source.history(), source.status().info
     ctx = prepare(history, info=info, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    # Checked on what the window's own finding is about (its throughput when it has none).
+    aimed = whatif.aimed_for([f.id for f in diagnose(ctx) if f.severity != "info"])
     try:
         base = whatif.baseline(history, ctx.flags)
-        prediction = base.predict(changes)
+        prediction = base.predict(changes, aimed=aimed)
     except whatif.NotModelled as exc:
         raise CliError(f"not modelled: {exc}", EXIT_USAGE) from None
     except ValueError as exc:

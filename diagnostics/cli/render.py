@@ -143,6 +143,8 @@ def render_whatif(p: whatif.Prediction) -> str:
              f"{c.cost.per_prefill_token * 1e6:.1f} µs/prefill token (fit error {_pct(c.fit_error)} over "
              f"{c.points} intervals{'' if c.batch_identified else '; the batch never varied, so its cost is assumed flat'}); "
              f"{c.num_gpu_blocks:,} KV blocks of {c.block_size}",
+             ("baseline  reproduces the window: " if p.reproduces else "baseline  DOES NOT reproduce the window "
+              "(no after-value): ") + "; ".join(whatif.check_text(c) for c in p.checks),
              f"{'metric':18} {'recorded':>10} {'replayed':>10} {'predicted':>10}  replay error"]
     for name in whatif.METRICS:
         m = p.metric(name)

@@ -60,7 +60,12 @@ def with_predictions(findings: Sequence[Finding], history: Sequence[Scrape], fla
 
 def prediction(suggestion: Suggestion, replay_error: dict[str, float | None] | None, key: str) -> None:
     """The predicted effect of one suggestion, or why there is none."""
-    if suggestion.prediction is not None:
+    if suggestion.prediction is not None and not suggestion.prediction.reproduces:
+        # No after-value from a replay that misses the window: the note says both numbers.
+        st.warning(f"**No prediction:** {md_escape(suggestion.prediction_note or '')}. The replay under the current "
+                   "flags misses what this window recorded beyond the stated error, so what it says a change "
+                   "does would not be about this incident.")
+    elif suggestion.prediction is not None:
         chart(partial(prediction_figure, suggestion.prediction), key, "No metric to compare.")
         note = f"**Predicted:** {md_escape(suggestion.prediction_note or '')}"
         if replay_error:

@@ -11,7 +11,10 @@ from diagnostics.core.whatif import HIGHER_IS_BETTER, LABELS, METRICS, Predictio
 def prediction_figure(prediction: Prediction) -> go.Figure | None:
     """A suggestion's predicted effect: one bar per metric, the change from the replay under the
     current flags to the replay under the change, green where it helps and red where it costs, each
-    labelled with both values in units a person reads."""
+    labelled with both values in units a person reads. None when the baseline did not reproduce
+    the window (there is no after-value to draw)."""
+    if not prediction.reproduces:
+        return None
     names, changes, colors, texts = [], [], [], []
     for metric in METRICS:
         before, after = prediction.before.metrics.get(metric), prediction.after.metrics.get(metric)

@@ -12,6 +12,7 @@ from diagnostics.core.diagnosis.types import KnownFlags
 from diagnostics.core.metrics.derive import Scrape, histogram_delta
 from diagnostics.core.whatif.calibrate import Calibration, calibrate
 from diagnostics.core.whatif.flags import Flags, apply, current_flags
+from diagnostics.core.whatif.gate import DEFAULT_AIM, REPRODUCTION, Check, Reproduction, check
 from diagnostics.core.whatif.replay import ITL_BOUNDS, METRICS, TTFT_BOUNDS, Outcome, bucket_bounds, recorded, replay
 from diagnostics.core.whatif.workload import InferredWorkload, infer_workload
 
@@ -19,7 +20,9 @@ from diagnostics.core.whatif.workload import InferredWorkload, infer_workload
 @dataclass(frozen=True, slots=True)
 class Prediction:
     """Before (the replay under the current flags) and after (under the change), the recording's own
-    numbers beside them, and how far the baseline replay is from the recording."""
+    numbers beside them, and how far the baseline replay is from the recording. ``checks``: the
+    baseline against the recording on the aimed metrics (:mod:`.gate`); when one misses, the
+    prediction does not reproduce its window and carries no after-value at all."""
 
     changes: dict[str, str]
     workload: InferredWorkload
@@ -28,20 +31,31 @@ class Prediction:
     after: Outcome
     measured: Outcome
     baseline_error: dict[str, float | None]
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def reproduces(self) -> bool:
+        """The baseline replay reproduced the window on every aimed metric."""
+        return all(c.reproduces for c in self.checks)
 
     def metric(self, name: str) -> dict[str, float | None]:
-        return {"before": self.before.metrics.get(name), "after": self.after.metrics.get(name),
+        return {"before": self.before.metrics.get(name),
+                "after": self.after.metrics.get(name) if self.reproduces else None,
                 "recorded": self.measured.metrics.get(name)}
 
     def to_json(self) -> dict[str, Any]:
         return {name: {k: (None if v is None else round(v, 6)) for k, v in self.metric(name).items()}
                 for name in METRICS}
 
+    def baseline_json(self) -> dict[str, Any]:
+        """Whether the baseline reproduced the window, metric by metric."""
+        return {"reproduces": self.reproduces, "checks": [c.to_json() for c in self.checks]}
+
     def full_json(self) -> dict[str, Any]:
-        return {"changes": self.changes, "prediction": self.to_json(), "workload": self.workload.to_json(),
-                "calibration": self.calibration.to_json(),
+        return {"changes": self.changes, "baseline": self.baseline_json(), "prediction": self.to_json(),
+                "workload": self.workload.to_json(), "calibration": self.calibration.to_json(),
                 "baseline_error": {k: None if v is None else round(v, 3) for k, v in self.baseline_error.items()},
-                "requests_rejected_after": self.after.requests_rejected}
+                "requests_rejected_after": self.after.requests_rejected if self.reproduces else None}
 
 
 def _relative_error(sim: float | None, real: float | None) -> float | None:
@@ -69,14 +83,25 @@ class Baseline:
     def baseline_error(self) -> dict[str, float | None]:
         return {name: _relative_error(self.before.metrics[name], self.measured.metrics[name]) for name in METRICS}
 
-    def predict(self, changes: Mapping[str, str | float | int | bool]) -> Prediction:
-        """The window replayed under ``changes``; :class:`NotModelled` for a change not modelled."""
+    def checks(self, aimed: Sequence[str] = DEFAULT_AIM, tolerance: Reproduction = REPRODUCTION) -> tuple[Check, ...]:
+        """The baseline replay against the recording on ``aimed`` (:func:`.gate.check`)."""
+        return check(self.before.metrics, self.measured.metrics, aimed, tolerance)
+
+    def predict(self, changes: Mapping[str, str | float | int | bool], aimed: Sequence[str] = DEFAULT_AIM,
+                tolerance: Reproduction = REPRODUCTION) -> Prediction:
+        """The window replayed under ``changes``, once the baseline reproduced it on ``aimed`` (the
+        metrics the finding is about); when it did not, a prediction without after-values (the
+        change is not replayed). :class:`NotModelled` for a change not modelled."""
         after_flags = apply(self.flags, self.calibration, changes)
-        after = replay(self.workload, self.calibration, after_flags, seed=self.seed,
-                       served_len=self.flags.max_model_len, itl_bounds=self.bounds["itl_bounds"],
-                       ttft_bounds=self.bounds["ttft_bounds"])
+        checks = self.checks(aimed, tolerance)
+        if all(c.reproduces for c in checks):
+            after = replay(self.workload, self.calibration, after_flags, seed=self.seed,
+                           served_len=self.flags.max_model_len, itl_bounds=self.bounds["itl_bounds"],
+                           ttft_bounds=self.bounds["ttft_bounds"])
+        else:
+            after = Outcome(dict.fromkeys(METRICS))
         return Prediction({k: str(v) for k, v in changes.items()}, self.workload, self.calibration, self.before,
-                          after, self.measured, self.baseline_error)
+                          after, self.measured, self.baseline_error, checks)
 
 
 def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0) -> Baseline:
