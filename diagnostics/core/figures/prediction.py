@@ -25,7 +25,8 @@ def prediction_figure(prediction: Prediction) -> go.Figure | None:
         names.append(LABELS[metric])
         changes.append(max(-100.0, min(300.0, change)))
         colors.append("#2ca02c" if better or abs(change) < 5 else "#d62728")
-        texts.append(f"{fmt_value(metric, before)} → ~{fmt_value(metric, after)}")
+        shown = prediction.ranges.get(metric)
+        texts.append(f"{fmt_value(metric, before)} → {shown.text(metric) if shown else '~' + fmt_value(metric, after)}")
     if not names:
         return None
     fig = go.Figure(go.Bar(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diagnostics.core.diagnosis.types import KnownFlags
@@ -13,6 +13,7 @@ from diagnostics.core.metrics.derive import Scrape, histogram_delta
 from diagnostics.core.whatif.calibrate import Calibration, calibrate
 from diagnostics.core.whatif.flags import Flags, apply, current_flags
 from diagnostics.core.whatif.gate import DEFAULT_AIM, REPRODUCTION, Check, Reproduction, check
+from diagnostics.core.whatif.ranges import RANGES, Estimate, Ranges, estimates
 from diagnostics.core.whatif.replay import ITL_BOUNDS, METRICS, TTFT_BOUNDS, Outcome, bucket_bounds, recorded, replay
 from diagnostics.core.whatif.workload import InferredWorkload, infer_workload
 
@@ -32,6 +33,8 @@ class Prediction:
     measured: Outcome
     baseline_error: dict[str, float | None]
     checks: tuple[Check, ...] = ()
+    # Each after-value's interval (:mod:`.ranges`); empty when the baseline did not reproduce.
+    ranges: dict[str, Estimate] = field(default_factory=dict)
 
     @property
     def reproduces(self) -> bool:
@@ -39,8 +42,10 @@ class Prediction:
         return all(c.reproduces for c in self.checks)
 
     def metric(self, name: str) -> dict[str, float | None]:
+        shown = self.ranges.get(name) if self.reproduces else None
         return {"before": self.before.metrics.get(name),
                 "after": self.after.metrics.get(name) if self.reproduces else None,
+                "low": shown.low if shown is not None else None, "high": shown.high if shown is not None else None,
                 "recorded": self.measured.metrics.get(name)}
 
     def to_json(self) -> dict[str, Any]:
@@ -78,6 +83,9 @@ class Baseline:
     measured: Outcome
     bounds: dict[str, tuple[float, ...]]
     seed: int = 0
+    # The baseline replayed under the other seeds (:data:`.ranges.RANGES`): the replay's own spread.
+    others: tuple[Outcome, ...] = ()
+    ranges: Ranges = RANGES
 
     @property
     def baseline_error(self) -> dict[str, float | None]:
@@ -100,13 +108,16 @@ class Baseline:
                            ttft_bounds=self.bounds["ttft_bounds"])
         else:
             after = Outcome(dict.fromkeys(METRICS))
+        ranges = estimates(after.metrics, self.before.metrics, self.measured.metrics,
+                           [self.before.metrics, *(o.metrics for o in self.others)], self.ranges)
         return Prediction({k: str(v) for k, v in changes.items()}, self.workload, self.calibration, self.before,
-                          after, self.measured, self.baseline_error, checks)
+                          after, self.measured, self.baseline_error, checks, ranges)
 
 
-def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0) -> Baseline:
+def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0, ranges: Ranges = RANGES) -> Baseline:
     """Infer, calibrate and replay the window under the current flags (``known``: what the server
-    said about itself; the window fills in the token budget and the cap where it shows them).
+    said about itself; the window fills in the token budget and the cap where it shows them), under
+    ``ranges.seeds`` seeds (the first is the baseline, the others its spread).
     ``ValueError`` (saying what is missing) when the window cannot be replayed."""
     ok = [s for s in scrapes if s.snapshot is not None]
     if len(ok) < 3:
@@ -139,9 +150,9 @@ def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0) -> 
     flags = current_flags(calibration, known)
     bounds = {"itl_bounds": bucket_bounds(ok, "inter_token_latency_seconds", ITL_BOUNDS),
               "ttft_bounds": bucket_bounds(ok, "time_to_first_token_seconds", TTFT_BOUNDS)}
-    before = replay(workload, calibration, flags, seed=seed, itl_bounds=bounds["itl_bounds"],
-                    ttft_bounds=bounds["ttft_bounds"])
-    return Baseline(workload, calibration, flags, before, recorded(ok), bounds, seed)
+    before, *others = (replay(workload, calibration, flags, seed=s, itl_bounds=bounds["itl_bounds"],
+                              ttft_bounds=bounds["ttft_bounds"]) for s in range(seed, seed + max(1, ranges.seeds)))
+    return Baseline(workload, calibration, flags, before, recorded(ok), bounds, seed, tuple(others), ranges)
 
 
 def _largest_step(scrapes: Sequence[Scrape]) -> int | None:

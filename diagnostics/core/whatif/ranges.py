@@ -54,7 +54,7 @@ class Estimate:
         v, lo, hi = (fmt_value(metric, x) for x in (self.value, self.low, self.high))
         for unit in (" ms", " s"):
             if v.endswith(unit) and lo.endswith(unit) and hi.endswith(unit):
-                return f"~{v} ({lo[: -len(unit)]}–{hi[: -len(unit)]}{unit})"
+                return f"~{v} ({lo[: -len(unit)]}–{hi[: -len(unit)]})"
         return f"~{v} ({lo}–{hi})"
 
     def to_json(self) -> dict[str, Any]:

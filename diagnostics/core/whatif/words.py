@@ -54,7 +54,7 @@ def not_reproduced(checks: Sequence[Check]) -> str:
 
 
 def summary(prediction: Prediction, min_change: float = 0.05) -> str:
-    """"ITL p99 278 → ~90 ms; TTFT p95 +10 % (the trade-off)": the metrics that move, gains first;
+    """"ITL p99 278 → ~90 ms (60–140); trade-off: TTFT p95 …": the metrics that move, gains first;
     or, when the baseline did not reproduce the window, that and both numbers (no after-value)."""
     if not prediction.reproduces:
         return not_reproduced(prediction.checks)
@@ -70,7 +70,9 @@ def summary(prediction: Prediction, min_change: float = 0.05) -> str:
         if abs(change) < min_change:
             continue
         better = (a > b) == (name in HIGHER_IS_BETTER)
-        text = f"{LABELS[name]} {fmt_value(name, b)} → ~{fmt_value(name, a)}"
+        shown = prediction.ranges.get(name)
+        after = shown.text(name) if shown is not None else f"~{fmt_value(name, a)}"
+        text = f"{LABELS[name]} {fmt_value(name, b)} → {after}"
         (gains if better else costs).append(text)
     if not gains and not costs:
         return "no metric moves by 5 % or more"
