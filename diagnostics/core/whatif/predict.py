@@ -135,8 +135,12 @@ def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0, ran
     longest_prompt = max(v for v, _ in workload.prompt.values())
     if not known.max_num_batched_tokens:
         split_at = _largest_step(ok)
-        if split_at is not None and longest_prompt > split_at:
-            # Prompts longer than any step: split at the budget.
+        queued = max((s.snapshot.value("num_requests_waiting") or 0.0 for s in ok if s.snapshot is not None), default=0.0)
+        if split_at is not None and (longest_prompt > split_at or (
+                queued >= 1 and split_at >= 1024 and longest_prompt >= split_at / 2)):
+            # Prompts longer than any step: split at the budget. Or long prompts waited while no step
+            # took more than one of them: two in one step would have been in a bigger bucket, so the
+            # budget is no more than this one (vLLM's CPU default is 2048, not the GPU's 8192).
             known = replace(known, max_num_batched_tokens=split_at)
     budget = known.max_num_batched_tokens or 8192
     # Long prompts that fill whole steps make requests wait for the token budget, not for the cap.
