@@ -166,7 +166,8 @@ def render_goals(a: GoalAnswer) -> str:
             else f"its worst {a.searched_span[1] - a.searched_span[0]:.0f} s ({a.searched_span[0]:.0f}–"
                  f"{a.searched_span[1]:.0f} s of {a.window_seconds:.0f} s)")
     lines = ["goals     " + ", ".join(g.text() for g in every),
-             f"searched  {a.trials} changes on {span} in {a.seconds:.1f} s",
+             f"searched  {a.trials} changes on {span} in {a.seconds:.1f} s"
+             + (" (the time budget ran out before every candidate was tried)" if a.cut_short else ""),
              "now       " + ", ".join(f"{whatif.LABELS[g.metric]} {_metric(g.metric, a.before.get(g.metric))}"
                                       for g in every) + " (replayed under the current flags)"]
     if not a.reproduces:

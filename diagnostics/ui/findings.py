@@ -120,7 +120,8 @@ def goal_seek(history: Sequence[Scrape], flags: KnownFlags, goals: Sequence[Goal
     where = ("the whole window" if span[1] - span[0] >= answer.window_seconds - 1
              else f"its worst {span[1] - span[0]:.0f} s of {answer.window_seconds:.0f} s")
     st.caption(f"Goals: {md_escape(', '.join(g.text() for g in every))} · {answer.trials} changes replayed on {where} "
-               f"in {answer.seconds:.1f} s")
+               f"in {answer.seconds:.1f} s" + (" (the time budget ran out before every candidate was tried)"
+                                                 if answer.cut_short else ""))
     if not answer.reproduces:
         st.warning(f"**No answer:** {md_escape(whatif.not_reproduced(answer.checks))}, so no change can be judged "
                    "against it.")

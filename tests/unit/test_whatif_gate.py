@@ -212,7 +212,7 @@ def test_every_shown_after_value_carries_its_interval_on_a_real_recording() -> N
     scrapes = recording("slow_decode_small")
     ctx = prepare(scrapes, budgets=Budgets(itl_ms=60))
     findings, base, _ = whatif.with_predictions(diagnose(ctx), scrapes, KnownFlags())
-    assert base is not None and len(base.others) == whatif.RANGES.seeds - 1
+    assert base is not None and len(base.spread) == whatif.RANGES.seeds
     sug = next(f for f in findings if f.id == "slow_decode").suggestions[0]
     pred = sug.prediction
     assert pred is not None and pred.reproduces

@@ -153,3 +153,11 @@ def test_whatif_cli_goal_seeking_text_and_json() -> None:
     assert bad.returncode == 2 and "NAME=VALUE" in bad.stderr
     both = cli("whatif", "--replay", path, "--goal", "ttft-p95=2s", "--set", "max-num-seqs=8")
     assert both.returncode == 2 and "either --set" in both.stderr
+
+
+def test_a_search_out_of_time_says_so() -> None:
+    """With no time left after the baseline, no change is tried, and the answer says the search
+    was cut short rather than that nothing modelled meets the goal."""
+    scrapes = recording("queue_cap_closed_loop")
+    answer = seek(scrapes, KnownFlags(), [Goal("ttft_p95_seconds", 1.0)], time_budget_s=0.0)
+    assert answer.cut_short and answer.trials == 0 and not answer.met and answer.to_json()["cut_short"] is True

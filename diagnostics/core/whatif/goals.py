@@ -33,7 +33,9 @@ from diagnostics.core.whatif.replay import recorded
 from diagnostics.core.whatif.words import HIGHER_IS_BETTER, LABELS, fmt_value
 
 SEARCH_SECONDS = 90.0  # the longest part of a window the search replays (the part that misses the goals worst)
+REACH_BACK = 3.0  # a span may reach back to where nothing waited, up to this many times its length
 MAX_TRIALS = 24  # replays a search may take, the pairs included
+TIME_BUDGET_S = 8.0  # a search stops trying more changes after this long (and says so)
 KEEP_SHARE = 0.05  # a kept metric may get this much worse than the replay under the current flags
 
 # The goal names a person types → the metric (``itl-p99`` → ITL p99).
@@ -167,8 +169,10 @@ def candidates(flags: Flags, base: Baseline) -> list[Step]:
     if not flags.enable_prefix_caching:
         out.append(Step("prefix", "--enable-prefix-caching", "true", 1.0))
     for size in (flags.block_size // 2, flags.block_size * 2):
-        if 8 <= size <= 128 and size != flags.block_size:
-            out.append(Step("block-down" if size < flags.block_size else "block-up", "--block-size", str(size), 1.0))
+        # The block size only changes how the KV cache is cut up: searched where the blocks bound.
+        # Said to be a bigger change than doubling a limit (the cache's layout changes with it).
+        if 8 <= size <= 128 and size != flags.block_size and (bound or base.workload.prefix_hit_fraction > 0):
+            out.append(Step("block-down" if size < flags.block_size else "block-up", "--block-size", str(size), 1.5))
     return sorted(out, key=lambda s: (s.size, s.axis))
 
 
@@ -250,6 +254,7 @@ class GoalAnswer:
     before: dict[str, float | None] = field(default_factory=dict)
     # After the answer (or the closest), the next best that miss some goal: fewer than three met them.
     near: tuple[Trial, ...] = ()
+    cut_short: bool = False  # the time budget ran out before every candidate was tried
 
     @property
     def reproduces(self) -> bool:
@@ -268,7 +273,7 @@ class GoalAnswer:
                 "best": self.found[0].to_json(list(every)) if self.found else None,
                 "next_best": [t.to_json(list(every)) for t in (*self.found[1:], *self.near)],
                 "closest": self.closest.to_json(list(every)) if self.closest is not None else None,
-                "trials": self.trials, "seconds": round(self.seconds, 3),
+                "trials": self.trials, "seconds": round(self.seconds, 3), "cut_short": self.cut_short,
                 "searched": {"start_s": round(self.searched_span[0], 1), "end_s": round(self.searched_span[1], 1),
                              "window_s": round(self.window_seconds, 1)}}
 
@@ -298,9 +303,14 @@ def worst_span(scrapes: Sequence[Scrape], goals: Sequence[Goal], seconds: float 
         return ok
     i, j = best[1], best[2]
     # Start where nothing waited: a queue built before the span would be missing from its replay
-    # (its requests would start waiting at the span's start), so the span reaches back to it.
-    while i > 0 and (ok[i].snapshot.value("num_requests_waiting") or 0) > 0:  # type: ignore[union-attr]
-        i -= 1
+    # (its requests would start waiting at the span's start), so the span reaches back to it, up to
+    # REACH_BACK spans (a queue older than that: the baseline check says whether the span still
+    # reproduces what was recorded).
+    k = i
+    while k > 0 and (ok[k].snapshot.value("num_requests_waiting") or 0) > 0:  # type: ignore[union-attr]
+        k -= 1
+    if ok[j].ts - ok[k].ts <= REACH_BACK * seconds:
+        i = k
     return ok[i: j + 1]
 
 
@@ -309,7 +319,8 @@ def _miss(goals: Sequence[Goal], metrics: Mapping[str, float | None]) -> float:
 
 
 def seek(scrapes: Sequence[Scrape], known: KnownFlags, goals: Sequence[Goal], keep: Sequence[str] = (), *,
-         span_seconds: float = SEARCH_SECONDS, max_trials: int = MAX_TRIALS) -> GoalAnswer:
+         span_seconds: float = SEARCH_SECONDS, max_trials: int = MAX_TRIALS,
+         time_budget_s: float = TIME_BUDGET_S) -> GoalAnswer:
     """The smallest modelled change that meets every goal on the window's own workload (see the
     module). ``ValueError`` when the window cannot be replayed."""
     start = time.perf_counter()
@@ -324,10 +335,10 @@ def seek(scrapes: Sequence[Scrape], known: KnownFlags, goals: Sequence[Goal], ke
     t0 = ok[0].ts
 
     def answer(already: bool, found: Sequence[Trial], closest: Trial | None, tried: int,
-               near: Sequence[Trial] = ()) -> GoalAnswer:
+               near: Sequence[Trial] = (), cut: bool = False) -> GoalAnswer:
         return GoalAnswer(tuple(goals), kept, checks, already, tuple(found), closest, tried,
                           time.perf_counter() - start, (span[0].ts - t0, span[-1].ts - t0), ok[-1].ts - t0,
-                          dict(base.before.metrics), tuple(near))
+                          dict(base.before.metrics), tuple(near), cut)
 
     already = all(g.met(base.before.metrics.get(g.metric)) for g in goals)
     if not all(c.reproduces for c in checks) or already:
@@ -344,11 +355,16 @@ def seek(scrapes: Sequence[Scrape], known: KnownFlags, goals: Sequence[Goal], ke
         trials.append(t)
         return t
 
+    cut = False  # the time budget ran out before every candidate was tried
     closed: set[str] = set()  # axes on which a smaller step already met the goals, or stopped helping
     last: dict[str, float] = {}
     met: list[Trial] = []
-    for step in candidates(base.flags, base):
+    steps = candidates(base.flags, base)
+    for step in steps:
         if len(met) >= 3 or len(trials) >= max_trials:
+            break
+        if time.perf_counter() - start > time_budget_s:
+            cut = True
             break
         if step.axis in closed:
             continue
@@ -361,7 +377,7 @@ def seek(scrapes: Sequence[Scrape], known: KnownFlags, goals: Sequence[Goal], ke
         elif t.miss > last.get(step.axis, _miss(every, base.before.metrics)) + 0.02:
             closed.add(step.axis)  # worse than the step before it: further along will not help
         last[step.axis] = t.miss
-    if not met:
+    if not met and not cut:
         # Pairs of the three best single changes on different flags.
         best_by_flag: dict[str, Trial] = {}
         for t in sorted(trials, key=lambda t: (t.miss, -t.size[1])):  # on a tie the bigger step: it may combine
@@ -380,4 +396,4 @@ def seek(scrapes: Sequence[Scrape], known: KnownFlags, goals: Sequence[Goal], ke
     rest = sorted((t for t in trials if not t.meets), key=lambda t: (t.miss, t.size))
     closest = None if met else (rest[0] if rest else None)
     # Fewer than three meet every goal: the next best are the closest of the others (said to miss).
-    return answer(False, met[:3], closest, len(trials), rest[: max(0, 3 - len(met))] if met else rest[1:3])
+    return answer(False, met[:3], closest, len(trials), rest[: max(0, 3 - len(met))] if met else rest[1:3], cut)

@@ -83,8 +83,9 @@ class Baseline:
     measured: Outcome
     bounds: dict[str, tuple[float, ...]]
     seed: int = 0
-    # The baseline replayed under the other seeds (:data:`.ranges.RANGES`): the replay's own spread.
-    others: tuple[Outcome, ...] = ()
+    # The baseline under each seed (:data:`.ranges.RANGES`; of the window's first part when it is
+    # long): the replay's own spread.
+    spread: tuple[Outcome, ...] = ()
     ranges: Ranges = RANGES
 
     @property
@@ -109,7 +110,7 @@ class Baseline:
         else:
             after = Outcome(dict.fromkeys(METRICS))
         ranges = estimates(after.metrics, self.before.metrics, self.measured.metrics,
-                           [self.before.metrics, *(o.metrics for o in self.others)], self.ranges)
+                           [o.metrics for o in self.spread], self.ranges)
         return Prediction({k: str(v) for k, v in changes.items()}, self.workload, self.calibration, self.before,
                           after, self.measured, self.baseline_error, checks, ranges)
 
@@ -117,7 +118,7 @@ class Baseline:
 def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0, ranges: Ranges = RANGES) -> Baseline:
     """Infer, calibrate and replay the window under the current flags (``known``: what the server
     said about itself; the window fills in the token budget and the cap where it shows them), under
-    ``ranges.seeds`` seeds (the first is the baseline, the others its spread).
+    ``ranges.seeds`` seeds (the first is the baseline; all of them its spread).
     ``ValueError`` (saying what is missing) when the window cannot be replayed."""
     ok = [s for s in scrapes if s.snapshot is not None]
     if len(ok) < 3:
@@ -154,9 +155,16 @@ def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0, ran
     flags = current_flags(calibration, known)
     bounds = {"itl_bounds": bucket_bounds(ok, "inter_token_latency_seconds", ITL_BOUNDS),
               "ttft_bounds": bucket_bounds(ok, "time_to_first_token_seconds", TTFT_BOUNDS)}
-    before, *others = (replay(workload, calibration, flags, seed=s, itl_bounds=bounds["itl_bounds"],
-                              ttft_bounds=bounds["ttft_bounds"]) for s in range(seed, seed + max(1, ranges.seeds)))
-    return Baseline(workload, calibration, flags, before, recorded(ok), bounds, seed, tuple(others), ranges)
+    before = replay(workload, calibration, flags, seed=seed, itl_bounds=bounds["itl_bounds"],
+                    ttft_bounds=bounds["ttft_bounds"])
+    # The spread over seeds: on a long window, of its first part (the seed's own replay of it too).
+    short = workload.seconds > ranges.seed_seconds
+    until = ranges.seed_seconds if short else None
+    spread = [] if short else [before]
+    spread += [replay(workload, calibration, flags, seed=s, itl_bounds=bounds["itl_bounds"], until=until,
+                      ttft_bounds=bounds["ttft_bounds"]) for s in range(seed + (0 if short else 1),
+                                                                       seed + max(1, ranges.seeds))]
+    return Baseline(workload, calibration, flags, before, recorded(ok), bounds, seed, tuple(spread), ranges)
 
 
 def _largest_step(scrapes: Sequence[Scrape]) -> int | None:

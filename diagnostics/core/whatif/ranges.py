@@ -8,7 +8,9 @@ Two things make a replayed number uncertain, and the interval carries both:
   more);
 - **the replay's own spread**: the baseline replayed under several seeds (the step-time noise drawn
   in another order, other prompt bodies), the lowest and highest over the median; the after-value
-  is given the same relative spread (one replay per candidate keeps a what-if fast).
+  is given the same relative spread (one replay per candidate keeps a what-if fast). On a window
+  longer than ``seed_seconds`` the seeds replay its first ``seed_seconds`` (their own first part
+  included, so the spread is of like with like).
 
 Then a floor (:data:`RANGES`): ± a share of the value for what neither shows (the real server's
 frontend, a neighbour's burst), and the histograms' resolution near zero.
@@ -33,6 +35,10 @@ class Ranges:
 
     seeds: int = 3
     floor: float = 0.25
+    # A longer window's other seeds replay only its first this many seconds: their spread is then
+    # wider than the whole window's would be (fewer requests), never narrower, and a 15-minute
+    # what-if stays fast.
+    seed_seconds: float = 120.0
 
 
 RANGES = Ranges()
