@@ -35,3 +35,23 @@ def test_the_budget_button_without_a_budget_asks_for_one() -> None:
     at.button(key="diag_goal").click().run()
     assert not at.exception
     assert any("Set an ITL or a TTFT budget" in i.value for i in at.info)
+
+
+def test_a_card_whose_window_the_replay_does_not_reproduce_shows_no_after_value() -> None:
+    """hol_long_prefills: the head-of-line card says the simulator does not reproduce the window,
+    with the recorded ITL p99 (computed here from the recording), and draws no prediction chart."""
+    from diagnostics.core.metrics.derive import histogram_delta, histogram_quantile
+    from diagnostics.recording import read_recording
+
+    path = ROOT / "tests" / "fixtures" / "incidents" / "hol_long_prefills.jsonl.gz"
+    ok = [s for s in read_recording(path).scrapes() if s.snapshot is not None]
+    p99 = histogram_quantile(0.99, histogram_delta(ok, "inter_token_latency_seconds"))
+    assert p99 is not None
+    at = app("pages/3_Diagnose.py").run()
+    at.radio(key="diagnose_source").set_value("a recording").run()
+    at.file_uploader[0].upload("hol.jsonl.gz", path.read_bytes(), "application/gzip")
+    at.run()
+    assert not at.exception
+    said = [w.value for w in at.warning if "does not reproduce this window" in w.value]
+    assert said and f"{p99 * 1000:,.0f} ms recorded" in said[0], [w.value for w in at.warning]
+    assert not any("Predicted:" in c.value and "ITL p99" in c.value for c in at.caption)
