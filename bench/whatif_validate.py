@@ -102,6 +102,20 @@ def validate(name: str, work: Path, seed: int) -> dict[str, Any]:
     return out
 
 
+def trend(before: float, after: float, dead: float = 0.05) -> int:
+    """+1 up, −1 down, 0 within ``dead`` of ``before``."""
+    if before == 0:
+        return 0 if after == 0 else 1
+    change = (after - before) / abs(before)
+    return 0 if abs(change) < dead else (1 if change > 0 else -1)
+
+
+def _arrow(before: float | None, after: float | None) -> str:
+    if before is None or after is None:
+        return "—"
+    return {1: "up", -1: "down", 0: "no change"}[trend(before, after)]
+
+
 def fmt(metric: str, v: object) -> str:
     if v is None:
         return "—"
@@ -122,7 +136,8 @@ def report(results: list[dict[str, Any]]) -> None:
         m = res["aimed"]
         change = " ".join(f"{k} {v}" for k, v in res["change"].items())
         if not res["reproduces"]:
-            said = "; ".join(f"{c['metric']} {c['replayed']} vs {c['recorded']}" for c in res["checks"])
+            said = "; ".join(whatif.check_text(whatif.Check(c["metric"], c["replayed"], c["recorded"], c["reproduces"]))
+                             for c in res["checks"] if not c["reproduces"])
             print(f"| {res['case']} | `{change}` | {whatif.LABELS[m]} | does not reproduce ({said}): no after-value "
                   "| | | | | | |")
             continue
@@ -131,7 +146,10 @@ def report(results: list[dict[str, Any]]) -> None:
         err = r["error"]
         hit = r["low"] is not None and r["measured_after"] is not None and r["low"] <= r["measured_after"] <= r["high"]
         b, p, real = r["recorded_before"], r["after"], r["measured_after"]
-        direction = None not in (b, p, real) and ((p - b) * (real - b) > 0 or p == b == real)
+        # The prediction is the change from the replay under the current flags; the real one, from
+        # the recording. Less than 5 % either way is "no change"; both alike is the right direction.
+        direction = None not in (b, p, real, r["replayed_before"]) and (
+            trend(r["replayed_before"], p) == trend(b, real))
         right += bool(direction)
         within += err is not None and abs(err) <= 0.3
         inside += hit
@@ -141,7 +159,8 @@ def report(results: list[dict[str, Any]]) -> None:
                 inside_all += row["low"] <= row["measured_after"] <= row["high"]
         print(f"| {res['case']} | `{change}` | {whatif.LABELS[m]} | {fmt(m, b)} | {fmt(m, r['replayed_before'])} | "
               f"{fmt(m, p)} ({fmt(m, r['low'])}–{fmt(m, r['high'])}) | {fmt(m, real)} | "
-              f"{'—' if err is None else f'{err * 100:+.0f} %'} | {'yes' if hit else 'no'} | {'right' if direction else 'wrong'} |")
+              f"{'—' if err is None else f'{err * 100:+.0f} %'} | {'yes' if hit else 'no'} | "
+              f"{'right' if direction else 'wrong'} (predicted {_arrow(r['replayed_before'], p)}, measured {_arrow(b, real)}) |")
     print(f"\naimed metric: direction right {right}/{judged}, within ±30 % {within}/{judged}, inside the interval "
           f"{inside}/{judged}; every metric with an after-value: inside the interval {inside_all}/{judged_all}")
     print("\n| case | goal | change found (seconds) | predicted | measured | met on the real re-run |")
