@@ -53,7 +53,8 @@ def main() -> int:
         page.set_default_timeout(120_000)
         _recording(page, url, INCIDENTS / "queue_cap_closed_loop.jsonl.gz")
         expect(page.get_by_text("Queueing at the concurrency cap").first).to_be_visible()
-        ttft = page.get_by_label("TTFT budget, p95 (ms; 0 = none)")
+        # The page's own budget (the sidebar has one of the same name for the other pages).
+        ttft = page.get_by_test_id("stMainBlockContainer").get_by_role("spinbutton", name="TTFT budget, p95")
         ttft.fill("2000")
         ttft.press("Enter")
         page.wait_for_timeout(3000)
