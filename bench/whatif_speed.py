@@ -49,7 +49,8 @@ def main() -> None:
                 base.predict(change)
                 best = min(best, time.perf_counter() - start)
             per.append(best)
-        print(f"{name}: {args.minutes:.0f}-minute window simulated in {made:.1f} s; baseline replay {baseline_s:.2f} s; "
+        print(f"{name}: {args.minutes:.0f}-minute window simulated in {made:.1f} s; baseline replay ({base.ranges.seeds} seeds) "
+              f"{baseline_s:.2f} s; "
               f"per candidate (best of {args.repeat}) {', '.join(f'{s:.2f} s' for s in per)} ({len(base.workload.requests):,} requests)")
 
 

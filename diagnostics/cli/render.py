@@ -21,6 +21,7 @@ from diagnostics.core.text import (
     prompt_sources_text,
     roofline_text,
 )
+from diagnostics.core.whatif.goals import GoalAnswer, Trial
 
 if TYPE_CHECKING:  # imported when used: the Prometheus client takes longer to import than the rest
     from diagnostics.prometheus_fleet import FleetReport
@@ -173,14 +174,61 @@ def render_whatif(p: whatif.Prediction) -> str:
              f"{c.cost.per_prefill_token * 1e6:.1f} µs/prefill token (fit error {_pct(c.fit_error)} over "
              f"{c.points} intervals{'' if c.batch_identified else '; the batch never varied, so its cost is assumed flat'}); "
              f"{c.num_gpu_blocks:,} KV blocks of {c.block_size}",
-             f"{'metric':18} {'recorded':>10} {'replayed':>10} {'predicted':>10}  replay error"]
+             ("baseline  reproduces the window: " if p.reproduces else "baseline  DOES NOT reproduce the window "
+              "(no after-value): ") + "; ".join(whatif.check_text(c) for c in p.checks),
+             f"{'metric':18} {'recorded':>10} {'replayed':>10} {'predicted (range)':>26}  replay error"]
     for name in whatif.METRICS:
         m = p.metric(name)
+        shown = p.ranges.get(name) if p.reproduces else None
+        after = shown.text(name) if shown is not None else _metric(name, m["after"])
         lines.append(f"{whatif.LABELS[name]:18} {_metric(name, m['recorded']):>10} {_metric(name, m['before']):>10} "
-                     f"{_metric(name, m['after']):>10}  {_pct(p.baseline_error.get(name))}")
+                     f"{after:>26}  {_pct(p.baseline_error.get(name))}")
     lines.append("predicted: " + whatif.summary(p))
     if p.after.requests_rejected:
         lines.append(f"{p.after.requests_rejected} requests would be rejected (longer than --max-model-len)")
+    return "\n".join(lines)
+
+
+def render_goals(a: GoalAnswer) -> str:
+    """The smallest change that meets every goal, its trade-off and the next best two; or why none."""
+    every = [*a.goals, *a.keep]
+    span = (f"the whole {a.window_seconds:.0f} s window" if a.searched_span[1] - a.searched_span[0] >= a.window_seconds - 1
+            else f"its worst {a.searched_span[1] - a.searched_span[0]:.0f} s ({a.searched_span[0]:.0f}–"
+                 f"{a.searched_span[1]:.0f} s of {a.window_seconds:.0f} s)")
+    lines = ["goals     " + ", ".join(g.text() for g in every),
+             f"searched  {a.trials} changes on {span} in {a.seconds:.1f} s"
+             + (" (the time budget ran out before every candidate was tried)" if a.cut_short else ""),
+             "now       " + ", ".join(f"{whatif.LABELS[g.metric]} {_metric(g.metric, a.before.get(g.metric))}"
+                                      for g in every) + " (replayed under the current flags)"]
+    if not a.reproduces:
+        lines.append("answer    none: " + whatif.not_reproduced(a.checks) + ", so no change can be judged against it")
+        return "\n".join(lines)
+    if a.already_met:
+        lines.append("answer    the current flags already meet every goal on this window")
+        return "\n".join(lines)
+
+    def one(t: Trial) -> list[str]:
+        p = t.prediction
+        got = "; ".join(f"{whatif.LABELS[g.metric]} {p.ranges[g.metric].text(g.metric) if g.metric in p.ranges else '—'}"
+                        + ("" if g.met(p.after.metrics.get(g.metric)) else " (misses)") for g in every)
+        change = " ".join(f"{k} {v}" for k, v in t.changes.items())
+        out = [f"  {change}: {got}"]
+        costs = t.tradeoff(every)
+        out.append("    trade-off: " + ("; ".join(costs) if costs else "nothing else moves by 5 % or more"))
+        return out
+
+    if a.found:
+        lines.append("answer    the smallest change that meets every goal:")
+        lines += one(a.found[0])
+    else:
+        lines.append("answer    no modelled change meets every goal; the closest:")
+        if a.closest is not None:
+            lines += one(a.closest)
+    nxt = [*a.found[1:], *a.near]
+    if nxt:
+        lines.append("next best")
+        for t in nxt:
+            lines += one(t)
     return "\n".join(lines)
 
 

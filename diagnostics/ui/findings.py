@@ -16,6 +16,7 @@ from diagnostics.core.figures.diagnose import finding_figure
 from diagnostics.core.figures.prediction import prediction_figure
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.text import evidence_rows, md_escape
+from diagnostics.core.whatif.goals import Goal, GoalAnswer, seek
 from diagnostics.ui.charts import chart
 
 BADGES = {"critical": ":red-badge[CRITICAL]", "warning": ":orange-badge[WARNING]", "info": ":blue-badge[INFO]"}
@@ -60,7 +61,12 @@ def with_predictions(findings: Sequence[Finding], history: Sequence[Scrape], fla
 
 def prediction(suggestion: Suggestion, replay_error: dict[str, float | None] | None, key: str) -> None:
     """The predicted effect of one suggestion, or why there is none."""
-    if suggestion.prediction is not None:
+    if suggestion.prediction is not None and not suggestion.prediction.reproduces:
+        # No after-value from a replay that misses the window: the note says both numbers.
+        st.warning(f"**No prediction:** {md_escape(suggestion.prediction_note or '')}. The replay under the current "
+                   "flags misses what this window recorded beyond the stated error, so what it says a change "
+                   "does would not be about this incident.")
+    elif suggestion.prediction is not None:
         chart(partial(prediction_figure, suggestion.prediction), key, "No metric to compare.")
         note = f"**Predicted:** {md_escape(suggestion.prediction_note or '')}"
         if replay_error:
@@ -73,6 +79,72 @@ def prediction(suggestion: Suggestion, replay_error: dict[str, float | None] | N
         st.caption(note)
     elif suggestion.prediction_note:
         st.caption(md_escape(suggestion.prediction_note))
+
+
+def budget_goals(itl_ms: float, ttft_ms: float) -> list[Goal]:
+    """The page's budgets (p95, ms; 0 = none) as goals."""
+    out = []
+    if itl_ms:
+        out.append(Goal("itl_p95_seconds", itl_ms / 1000))
+    if ttft_ms:
+        out.append(Goal("ttft_p95_seconds", ttft_ms / 1000))
+    return out
+
+
+@st.cache_data(show_spinner="Searching the modelled flags on this window's workload…", max_entries=8, ttl=900)
+def _sought(key: tuple[object, ...], _history: Sequence[Scrape], _flags: KnownFlags,
+            goals: tuple[Goal, ...], keep: tuple[str, ...]) -> GoalAnswer | str:
+    try:
+        return seek(_history, _flags, goals, keep)
+    except ValueError as exc:
+        return str(exc)
+
+
+def goal_seek(history: Sequence[Scrape], flags: KnownFlags, goals: Sequence[Goal], keep_throughput: bool) -> None:
+    """The smallest modelled change that meets the budget on this window, its trade-off and the
+    next best two (or that none does, and the closest)."""
+    ok = [s for s in history if s.snapshot is not None]
+    if not goals:
+        st.info("Set an ITL or a TTFT budget above: the search looks for a change that meets it.")
+        return
+    if len(ok) < 3:
+        st.info("The window has too few scrapes to replay.")
+        return
+    keep = ("throughput",) if keep_throughput else ()
+    answer = _sought((len(ok), ok[0].ts, ok[-1].ts, flags), ok, flags, tuple(goals), keep)
+    if isinstance(answer, str):
+        st.warning(f"Cannot replay this window: {md_escape(answer)}")
+        return
+    every = [*answer.goals, *answer.keep]
+    span = answer.searched_span
+    where = ("the whole window" if span[1] - span[0] >= answer.window_seconds - 1
+             else f"its worst {span[1] - span[0]:.0f} s of {answer.window_seconds:.0f} s")
+    st.caption(f"Goals: {md_escape(', '.join(g.text() for g in every))} · {answer.trials} changes replayed on {where} "
+               f"in {answer.seconds:.1f} s" + (" (the time budget ran out before every candidate was tried)"
+                                                 if answer.cut_short else ""))
+    if not answer.reproduces:
+        st.warning(f"**No answer:** {md_escape(whatif.not_reproduced(answer.checks))}, so no change can be judged "
+                   "against it.")
+        return
+    if answer.already_met:
+        st.success("The current flags already meet the budget on this window's replay.")
+        return
+    rows = []
+    lead = answer.found[0] if answer.found else answer.closest
+    for i, t in enumerate([x for x in (lead, *answer.found[1:], *answer.near) if x is not None]):
+        p = t.prediction
+        row: dict[str, str] = {"": "answer" if i == 0 and answer.found else ("closest" if i == 0 else "next best"),
+                               "change": " ".join(f"{k} {v}" for k, v in t.changes.items()),
+                               "meets every goal": "yes" if t.meets else "no"}
+        for g in every:
+            row[whatif.LABELS[g.metric]] = p.ranges[g.metric].text(g.metric) if g.metric in p.ranges else "—"
+        row["trade-off"] = "; ".join(t.tradeoff(every)) or "nothing else moves by 5 % or more"
+        rows.append(row)
+    if answer.found:
+        st.success(f"**Smallest change that meets the budget:** `{rows[0]['change']}`")
+    else:
+        st.warning("**No modelled change meets every goal.** The closest is below, with what it reaches.")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="goal-answers")
 
 
 def finding_card(finding: Finding, history: Sequence[Scrape], flags: KnownFlags, key: str,

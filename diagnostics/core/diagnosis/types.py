@@ -37,6 +37,8 @@ class Suggestion:
         if self.prediction is not None or self.prediction_note is not None:
             out["prediction"] = self.prediction.to_json() if self.prediction is not None else None
             out["prediction_note"] = self.prediction_note
+            if self.prediction is not None:
+                out["prediction_baseline"] = self.prediction.baseline_json()
         return out
 
 

@@ -11,7 +11,10 @@ from diagnostics.core.whatif import HIGHER_IS_BETTER, LABELS, METRICS, Predictio
 def prediction_figure(prediction: Prediction) -> go.Figure | None:
     """A suggestion's predicted effect: one bar per metric, the change from the replay under the
     current flags to the replay under the change, green where it helps and red where it costs, each
-    labelled with both values in units a person reads."""
+    labelled with both values in units a person reads. None when the baseline did not reproduce
+    the window (there is no after-value to draw)."""
+    if not prediction.reproduces:
+        return None
     names, changes, colors, texts = [], [], [], []
     for metric in METRICS:
         before, after = prediction.before.metrics.get(metric), prediction.after.metrics.get(metric)
@@ -22,7 +25,8 @@ def prediction_figure(prediction: Prediction) -> go.Figure | None:
         names.append(LABELS[metric])
         changes.append(max(-100.0, min(300.0, change)))
         colors.append("#2ca02c" if better or abs(change) < 5 else "#d62728")
-        texts.append(f"{fmt_value(metric, before)} → ~{fmt_value(metric, after)}")
+        shown = prediction.ranges.get(metric)
+        texts.append(f"{fmt_value(metric, before)} → {shown.text(metric) if shown else '~' + fmt_value(metric, after)}")
     if not names:
         return None
     fig = go.Figure(go.Bar(

@@ -8,19 +8,24 @@ Three steps, each pure and each reporting how well it fits the window it came fr
    says which flags it models; any other is "not modelled", never guessed).
 
 :func:`baseline` (:mod:`.predict`) runs the three once under the current flags; its
-:meth:`~Baseline.predict` replays each change. :mod:`.attach` puts the predictions on a
+:meth:`~Baseline.predict` replays each change once :mod:`.gate` found that the baseline reproduces
+the window on the metrics the finding is about. :mod:`.attach` puts the predictions on a
 diagnosis's suggestions; :mod:`.words` says them in units a person reads.
 """
 
 from diagnostics.core.whatif.attach import suggestion_changes, with_predictions
 from diagnostics.core.whatif.calibrate import Calibration, StepCost, calibrate
 from diagnostics.core.whatif.flags import MODELLED, Flags, NotModelled, apply
+from diagnostics.core.whatif.gate import AIMED, DEFAULT_AIM, REPRODUCTION, Check, Reproduction, aimed_for, check
 from diagnostics.core.whatif.predict import Baseline, Prediction, baseline
+from diagnostics.core.whatif.ranges import RANGES, Estimate, Ranges
 from diagnostics.core.whatif.replay import METRICS, Outcome, recorded, replay
-from diagnostics.core.whatif.words import HIGHER_IS_BETTER, LABELS, fmt_value, summary
+from diagnostics.core.whatif.words import HIGHER_IS_BETTER, LABELS, check_text, fmt_value, not_reproduced, summary
 from diagnostics.core.whatif.workload import InferredWorkload, LengthDist, infer_workload
 
 __all__ = [
+    "AIMED", "DEFAULT_AIM", "REPRODUCTION", "Check", "Reproduction", "aimed_for", "check", "check_text",
+    "not_reproduced", "RANGES", "Estimate", "Ranges",
     "HIGHER_IS_BETTER", "LABELS", "METRICS", "MODELLED", "Baseline", "Calibration", "Flags", "InferredWorkload",
     "LengthDist", "NotModelled", "Outcome", "Prediction", "StepCost", "apply", "baseline", "calibrate", "fmt_value",
     "infer_workload", "recorded", "replay", "suggestion_changes", "summary", "with_predictions",

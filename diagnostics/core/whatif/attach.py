@@ -9,6 +9,7 @@ from dataclasses import replace
 from diagnostics.core.diagnosis.types import Finding, KnownFlags
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.whatif.flags import MODELLED, NotModelled
+from diagnostics.core.whatif.gate import aimed_for
 from diagnostics.core.whatif.predict import Baseline, baseline
 from diagnostics.core.whatif.words import summary
 
@@ -29,7 +30,9 @@ def with_predictions(findings: Sequence[Finding], scrapes: Sequence[Scrape], kno
                      *, seed: int = 0) -> tuple[tuple[Finding, ...], Baseline | None, str | None]:
     """The findings with a ``prediction`` on every suggestion of a warning or critical finding that
     the simulator models (or a ``prediction_note`` saying why there is none); the baseline used, and
-    why there is none when the window cannot be replayed."""
+    why there is none when the window cannot be replayed. Each prediction is checked on its own
+    finding's aimed metrics (:mod:`.gate`): where the baseline does not reproduce them, the note
+    says so with both numbers and there is no after-value."""
     wanted = [f for f in findings if f.severity != "info" and f.suggestions]
     if not wanted:
         return tuple(findings), None, None
@@ -49,7 +52,7 @@ def with_predictions(findings: Sequence[Finding], scrapes: Sequence[Scrape], kno
         suggestions = []
         for sug in f.suggestions:
             try:
-                pred = base.predict(suggestion_changes(sug.flag, sug.value))
+                pred = base.predict(suggestion_changes(sug.flag, sug.value), aimed=aimed_for([f.id]))
                 suggestions.append(replace(sug, prediction=pred, prediction_note=summary(pred)))
             except ValueError as exc:  # NotModelled, or a value that cannot be applied
                 suggestions.append(replace(sug, prediction_note=f"no prediction: {exc}"))

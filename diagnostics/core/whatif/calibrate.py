@@ -67,6 +67,7 @@ class Calibration:
     # Seconds of a request's time spent outside the engine's queue and steps (the API server's
     # tokenizing, routing and streaming), added to every replayed TTFT: see _ttft_offset.
     ttft_offset: float = 0.0
+    num_gpu_blocks_override: int | None = None  # the KV cache pinned by --num-gpu-blocks-override
 
     def to_json(self) -> dict[str, Any]:
         return {"step_seconds": {"base": self.cost.base, "per_sequence": self.cost.per_seq,
@@ -193,7 +194,8 @@ def calibrate(scrapes: Sequence[Scrape], config: CacheConfig | None, seed: int =
     cost = StepCost(base, per_seq, per_prefill, _spread(decode_itl, seed), seed)
     return Calibration(cost, config.num_gpu_blocks, config.block_size, bool(config.enable_prefix_caching),
                        config.kv_cache_memory_bytes, config.gpu_memory_utilization, config.cache_dtype, error,
-                       len(keep), batch_identified, max(running_seen, default=0.0), _ttft_offset(ok))
+                       len(keep), batch_identified, max(running_seen, default=0.0), _ttft_offset(ok),
+                       config.num_gpu_blocks_override)
 
 
 def _ttft_offset(scrapes: Sequence[Scrape]) -> float:

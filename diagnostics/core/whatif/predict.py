@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diagnostics.core.diagnosis.types import KnownFlags
 from diagnostics.core.metrics.derive import Scrape, histogram_delta
 from diagnostics.core.whatif.calibrate import Calibration, calibrate
 from diagnostics.core.whatif.flags import Flags, apply, current_flags
+from diagnostics.core.whatif.gate import DEFAULT_AIM, REPRODUCTION, Check, Reproduction, check
+from diagnostics.core.whatif.ranges import RANGES, Estimate, Ranges, estimates
 from diagnostics.core.whatif.replay import ITL_BOUNDS, METRICS, TTFT_BOUNDS, Outcome, bucket_bounds, recorded, replay
 from diagnostics.core.whatif.workload import InferredWorkload, infer_workload
 
@@ -19,7 +21,9 @@ from diagnostics.core.whatif.workload import InferredWorkload, infer_workload
 @dataclass(frozen=True, slots=True)
 class Prediction:
     """Before (the replay under the current flags) and after (under the change), the recording's own
-    numbers beside them, and how far the baseline replay is from the recording."""
+    numbers beside them, and how far the baseline replay is from the recording. ``checks``: the
+    baseline against the recording on the aimed metrics (:mod:`.gate`); when one misses, the
+    prediction does not reproduce its window and carries no after-value at all."""
 
     changes: dict[str, str]
     workload: InferredWorkload
@@ -28,20 +32,35 @@ class Prediction:
     after: Outcome
     measured: Outcome
     baseline_error: dict[str, float | None]
+    checks: tuple[Check, ...] = ()
+    # Each after-value's interval (:mod:`.ranges`); empty when the baseline did not reproduce.
+    ranges: dict[str, Estimate] = field(default_factory=dict)
+
+    @property
+    def reproduces(self) -> bool:
+        """The baseline replay reproduced the window on every aimed metric."""
+        return all(c.reproduces for c in self.checks)
 
     def metric(self, name: str) -> dict[str, float | None]:
-        return {"before": self.before.metrics.get(name), "after": self.after.metrics.get(name),
+        shown = self.ranges.get(name) if self.reproduces else None
+        return {"before": self.before.metrics.get(name),
+                "after": self.after.metrics.get(name) if self.reproduces else None,
+                "low": shown.low if shown is not None else None, "high": shown.high if shown is not None else None,
                 "recorded": self.measured.metrics.get(name)}
 
     def to_json(self) -> dict[str, Any]:
         return {name: {k: (None if v is None else round(v, 6)) for k, v in self.metric(name).items()}
                 for name in METRICS}
 
+    def baseline_json(self) -> dict[str, Any]:
+        """Whether the baseline reproduced the window, metric by metric."""
+        return {"reproduces": self.reproduces, "checks": [c.to_json() for c in self.checks]}
+
     def full_json(self) -> dict[str, Any]:
-        return {"changes": self.changes, "prediction": self.to_json(), "workload": self.workload.to_json(),
-                "calibration": self.calibration.to_json(),
+        return {"changes": self.changes, "baseline": self.baseline_json(), "prediction": self.to_json(),
+                "workload": self.workload.to_json(), "calibration": self.calibration.to_json(),
                 "baseline_error": {k: None if v is None else round(v, 3) for k, v in self.baseline_error.items()},
-                "requests_rejected_after": self.after.requests_rejected}
+                "requests_rejected_after": self.after.requests_rejected if self.reproduces else None}
 
 
 def _relative_error(sim: float | None, real: float | None) -> float | None:
@@ -64,24 +83,42 @@ class Baseline:
     measured: Outcome
     bounds: dict[str, tuple[float, ...]]
     seed: int = 0
+    # The baseline under each seed (:data:`.ranges.RANGES`; of the window's first part when it is
+    # long): the replay's own spread.
+    spread: tuple[Outcome, ...] = ()
+    ranges: Ranges = RANGES
 
     @property
     def baseline_error(self) -> dict[str, float | None]:
         return {name: _relative_error(self.before.metrics[name], self.measured.metrics[name]) for name in METRICS}
 
-    def predict(self, changes: Mapping[str, str | float | int | bool]) -> Prediction:
-        """The window replayed under ``changes``; :class:`NotModelled` for a change not modelled."""
+    def checks(self, aimed: Sequence[str] = DEFAULT_AIM, tolerance: Reproduction = REPRODUCTION) -> tuple[Check, ...]:
+        """The baseline replay against the recording on ``aimed`` (:func:`.gate.check`)."""
+        return check(self.before.metrics, self.measured.metrics, aimed, tolerance)
+
+    def predict(self, changes: Mapping[str, str | float | int | bool], aimed: Sequence[str] = DEFAULT_AIM,
+                tolerance: Reproduction = REPRODUCTION) -> Prediction:
+        """The window replayed under ``changes``, once the baseline reproduced it on ``aimed`` (the
+        metrics the finding is about); when it did not, a prediction without after-values (the
+        change is not replayed). :class:`NotModelled` for a change not modelled."""
         after_flags = apply(self.flags, self.calibration, changes)
-        after = replay(self.workload, self.calibration, after_flags, seed=self.seed,
-                       served_len=self.flags.max_model_len, itl_bounds=self.bounds["itl_bounds"],
-                       ttft_bounds=self.bounds["ttft_bounds"])
+        checks = self.checks(aimed, tolerance)
+        if all(c.reproduces for c in checks):
+            after = replay(self.workload, self.calibration, after_flags, seed=self.seed,
+                           served_len=self.flags.max_model_len, itl_bounds=self.bounds["itl_bounds"],
+                           ttft_bounds=self.bounds["ttft_bounds"])
+        else:
+            after = Outcome(dict.fromkeys(METRICS))
+        ranges = estimates(after.metrics, self.before.metrics, self.measured.metrics,
+                           [o.metrics for o in self.spread], self.ranges)
         return Prediction({k: str(v) for k, v in changes.items()}, self.workload, self.calibration, self.before,
-                          after, self.measured, self.baseline_error)
+                          after, self.measured, self.baseline_error, checks, ranges)
 
 
-def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0) -> Baseline:
+def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0, ranges: Ranges = RANGES) -> Baseline:
     """Infer, calibrate and replay the window under the current flags (``known``: what the server
-    said about itself; the window fills in the token budget and the cap where it shows them).
+    said about itself; the window fills in the token budget and the cap where it shows them), under
+    ``ranges.seeds`` seeds (the first is the baseline; all of them its spread).
     ``ValueError`` (saying what is missing) when the window cannot be replayed."""
     ok = [s for s in scrapes if s.snapshot is not None]
     if len(ok) < 3:
@@ -99,8 +136,12 @@ def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0) -> 
     longest_prompt = max(v for v, _ in workload.prompt.values())
     if not known.max_num_batched_tokens:
         split_at = _largest_step(ok)
-        if split_at is not None and longest_prompt > split_at:
-            # Prompts longer than any step: split at the budget.
+        queued = max((s.snapshot.value("num_requests_waiting") or 0.0 for s in ok if s.snapshot is not None), default=0.0)
+        if split_at is not None and (longest_prompt > split_at or (
+                queued >= 1 and split_at >= 1024 and longest_prompt >= split_at / 2)):
+            # Prompts longer than any step: split at the budget. Or long prompts waited while no step
+            # took more than one of them: two in one step would have been in a bigger bucket, so the
+            # budget is no more than this one (vLLM's CPU default is 2048, not the GPU's 8192).
             known = replace(known, max_num_batched_tokens=split_at)
     budget = known.max_num_batched_tokens or 8192
     # Long prompts that fill whole steps make requests wait for the token budget, not for the cap.
@@ -116,7 +157,14 @@ def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0) -> 
               "ttft_bounds": bucket_bounds(ok, "time_to_first_token_seconds", TTFT_BOUNDS)}
     before = replay(workload, calibration, flags, seed=seed, itl_bounds=bounds["itl_bounds"],
                     ttft_bounds=bounds["ttft_bounds"])
-    return Baseline(workload, calibration, flags, before, recorded(ok), bounds, seed)
+    # The spread over seeds: on a long window, of its first part (the seed's own replay of it too).
+    short = workload.seconds > ranges.seed_seconds
+    until = ranges.seed_seconds if short else None
+    spread = [] if short else [before]
+    spread += [replay(workload, calibration, flags, seed=s, itl_bounds=bounds["itl_bounds"], until=until,
+                      ttft_bounds=bounds["ttft_bounds"]) for s in range(seed + (0 if short else 1),
+                                                                       seed + max(1, ranges.seeds))]
+    return Baseline(workload, calibration, flags, before, recorded(ok), bounds, seed, tuple(spread), ranges)
 
 
 def _largest_step(scrapes: Sequence[Scrape]) -> int | None:

@@ -132,7 +132,7 @@ def _lengths(workload: InferredWorkload, rng: random.Random, served_len: int) ->
 
 def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *, seed: int = 0,
            itl_bounds: Sequence[float] = ITL_BOUNDS, ttft_bounds: Sequence[float] = TTFT_BOUNDS,
-           served_len: int | None = None) -> Outcome:
+           served_len: int | None = None, until: float | None = None) -> Outcome:
     """The window's workload on the simulated engine under ``flags``, for the window's length;
     ``served_len`` is the --max-model-len the window was served under (requests beyond it never came).
     Open arrivals replay the reconstructed trace; a closed loop replays its clients, each sending its
@@ -162,7 +162,7 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
         for i in range(clients):
             run.submit(*lengths[i % len(lengths)])
     turn = clients or 0
-    horizon = workload.seconds
+    horizon = workload.seconds if until is None else min(workload.seconds, until)
     i = 0
 
     def account(stats: StepStats) -> None:
@@ -200,7 +200,7 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
                 run.submit(*lengths[turn % len(lengths)])
                 turn += 1
     itl_h, ttft_h = _hist(itl_bounds, itl), _hist(ttft_bounds, ttft)
-    seconds = workload.seconds
+    seconds = horizon
     return Outcome({
         "itl_p50_seconds": histogram_quantile(0.5, itl_h), "itl_p95_seconds": histogram_quantile(0.95, itl_h),
         "itl_p99_seconds": histogram_quantile(0.99, itl_h), "itl_p999_seconds": histogram_quantile(0.999, itl_h),

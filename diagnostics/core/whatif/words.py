@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from diagnostics.core.text import fmt_seconds_as_ms
-from diagnostics.core.whatif.predict import Prediction
 from diagnostics.core.whatif.replay import METRICS
+
+if TYPE_CHECKING:  # the prediction is said here; only its type is needed
+    from diagnostics.core.whatif.gate import Check
+    from diagnostics.core.whatif.predict import Prediction
 
 LABELS = {"itl_p50_seconds": "ITL p50", "itl_p95_seconds": "ITL p95", "itl_p99_seconds": "ITL p99",
           "itl_p999_seconds": "ITL p99.9",
@@ -23,8 +28,36 @@ def fmt_value(name: str, value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 10 else f"{value:,.1f}"
 
 
+def _same_unit(a: str, b: str) -> str:
+    """``a`` without the unit it shares with ``b`` ("64 ms", "278 ms" → "64")."""
+    for unit in (" ms", " s"):
+        if a.endswith(unit) and b.endswith(unit):
+            return a[: -len(unit)]
+    return a
+
+
+def check_text(check: Check) -> str:
+    """"ITL p99 64 vs 278 ms recorded": one aimed metric, the baseline replay against the recording."""
+    label = LABELS.get(check.metric, check.metric)
+    if check.recorded is None:
+        return f"the window does not record {label}"
+    if check.replayed is None:
+        return f"{label}: none replayed vs {fmt_value(check.metric, check.recorded)} recorded"
+    recorded = fmt_value(check.metric, check.recorded)
+    return f"{label} {_same_unit(fmt_value(check.metric, check.replayed), recorded)} vs {recorded} recorded"
+
+
+def not_reproduced(checks: Sequence[Check]) -> str:
+    """"the simulator does not reproduce this window (ITL p99 64 vs 278 ms recorded)"."""
+    return ("the simulator does not reproduce this window ("
+            + "; ".join(check_text(c) for c in checks if not c.reproduces) + ")")
+
+
 def summary(prediction: Prediction, min_change: float = 0.05) -> str:
-    """"ITL p99 278 → ~90 ms; TTFT p95 +10 % (the trade-off)": the metrics that move, gains first."""
+    """"ITL p99 278 → ~90 ms (60–140); trade-off: TTFT p95 …": the metrics that move, gains first;
+    or, when the baseline did not reproduce the window, that and both numbers (no after-value)."""
+    if not prediction.reproduces:
+        return not_reproduced(prediction.checks)
     gains: list[str] = []
     costs: list[str] = []
     for name in METRICS:
@@ -37,7 +70,9 @@ def summary(prediction: Prediction, min_change: float = 0.05) -> str:
         if abs(change) < min_change:
             continue
         better = (a > b) == (name in HIGHER_IS_BETTER)
-        text = f"{LABELS[name]} {fmt_value(name, b)} → ~{fmt_value(name, a)}"
+        shown = prediction.ranges.get(name)
+        after = shown.text(name) if shown is not None else f"~{fmt_value(name, a)}"
+        text = f"{LABELS[name]} {fmt_value(name, b)} → {after}"
         (gains if better else costs).append(text)
     if not gains and not costs:
         return "no metric moves by 5 % or more"

