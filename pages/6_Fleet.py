@@ -98,7 +98,7 @@ def fleet() -> None:
         (st.error if finding.severity == "critical" else st.warning)(md_escape(finding.text))
     if not report.findings:
         st.success(f"No replica needs action over the last {state.get(state.PROM_RANGE)}.")
-    df = fleet_view.frame(report.rows, url, selector)
+    df = fleet_view.frame(report.rows, lambda page, row: fleet_view.link(page, url, selector, row))
     st.dataframe(fleet_view.styled(df, report.outliers), column_config=fleet_view.column_config(),
                  hide_index=True, use_container_width=True)
     if report.outliers:

@@ -4,7 +4,7 @@ to each instance's views, and adopting an instance opened by such a link."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -45,17 +45,23 @@ def link(page: str, url: str, selector: str, row: FleetRow) -> str:
     return f"/{page}?{urlencode(query)}"
 
 
-def frame(rows: list[FleetRow], url: str, selector: str) -> pd.DataFrame:
-    """One row per instance, numbers in the units a person reads (%, ms, per second)."""
+def direct_link(page: str, name: str) -> str:
+    """A link that opens a configured target by its name (never its URL: a link must not point the
+    dashboard anywhere the configuration does not)."""
+    return f"/{page}?{urlencode({'target': name})}"
+
+
+def frame(rows: list[FleetRow], link_to: Callable[[str, FleetRow], str]) -> pd.DataFrame:
+    """One row per instance, numbers in the units a person reads (%, ms, per second);
+    ``link_to(page, row)`` is the row's link to that page."""
     records: list[dict[str, Any]] = []
     for row in rows:
-        worst = row.worst
         rec: dict[str, Any] = {
             "instance": row.instance,
-            "live": link("Live", url, selector, row),
-            "diagnose": link("Diagnose", url, selector, row),
-            "up": {True: "up", False: "DOWN", None: "?"}[row.up],
-            "worst finding": f"{worst.severity.upper()}: {worst.title}" if worst is not None else row.error or "—",
+            "live": link_to("Live", row),
+            "diagnose": link_to("Diagnose", row),
+            "up": row.state_text,
+            "worst finding": row.worst_text,
             "goodput": row.goodput_text,
         }
         for col in FLEET_COLUMNS:

@@ -11,24 +11,16 @@ from __future__ import annotations
 
 import os
 import sys
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from diagnostics.collector import Collector, shared_collector
 from diagnostics.core.targets import normalize_url, targets_from
+from diagnostics.direct_fleet import read_secrets, secrets_files
 from diagnostics.sources import nvml
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def read_secrets(path: Path) -> dict[str, Any]:
-    """``secrets.toml`` as Streamlit would read it; {} when absent or unreadable (the app then says so)."""
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
 
 
 def start_flight_recorders(secrets: Mapping[str, Any], env: Mapping[str, str]) -> list[Collector]:
@@ -51,7 +43,7 @@ def serve(streamlit_args: Sequence[str]) -> int:
         print("error: serve runs from a checkout of the repository (app.py and pages/ are not installed); "
               "use ./scripts/run.sh there", file=sys.stderr)
         return 2
-    recorders = start_flight_recorders(read_secrets(ROOT / ".streamlit" / "secrets.toml"), os.environ)
+    recorders = start_flight_recorders(read_secrets(secrets_files()), os.environ)
     if recorders:
         names = ", ".join(c.target for c in recorders)
         print(f"flight recorder: collecting {names} from now on", file=sys.stderr, flush=True)
