@@ -65,17 +65,19 @@ def direct_page() -> None:
                      help="Rates, percentiles, peaks and each server's diagnosis cover this range, ending now "
                      "(each collector keeps the last hour).")
     itl, ttft = budget_inputs(c2, c3)
-    every = max(5, state.refresh_seconds())
+    range_s = state.direct_range_seconds()
+    every = fleet_view.direct_refresh_seconds(range_s, state.refresh_seconds())
     picked = fleet_view.direct_targets(config)
 
     @st.fragment(run_every=every)
     def direct() -> None:
-        report = fleet_view.direct_report(picked, state.direct_range_seconds(), itl, ttft, fleet_view.tick(every))
+        report = fleet_view.direct_report(picked, range_s, itl, ttft, fleet_view.tick(every))
         table(report.rows, report.findings, report.outliers, lambda page, row: fleet_view.direct_link(
             page, report.names.get(row.instance, row.instance)), f"No server needs action over the last "
               f"{state.get(state.DIRECT_RANGE)}.")
         st.caption(f"{len(report.rows)} servers scraped directly, one collector each, every "
-                   f"{report.interval_s:g} s · no Prometheus · as of {fmt_when(report.end)}. Past about "
+                   f"{report.interval_s:g} s · no Prometheus · table every {every} s · as of "
+                   f"{fmt_when(report.end)}. Past about "
                    f"{fleet_view.DIRECT_LIMIT} servers, scrape them with Prometheus and point this page at it.")
         charts(report.charts, report.outliers)
 

@@ -59,6 +59,13 @@ def pick_source(config: TargetsConfig) -> str:
                         "reads) scraping it every second. Past about twenty, or for days of history, use Prometheus."))
 
 
+def direct_refresh_seconds(range_s: int, refresh_s: int) -> int:
+    """How often the direct table is rebuilt: every server's whole diagnosis over the range is the
+    cost (``bench/fleet_direct.py``: about 0.13 s of CPU per server for 5 min of 1 s scrapes, 2 s
+    for an hour), so at least 10 s and a sixtieth of the range."""
+    return max(10, refresh_s, range_s // 60)
+
+
 def direct_targets(config: TargetsConfig) -> tuple[tuple[str, str], ...]:
     """The configured targets as (name, URL): what the direct report is cached by (never a key)."""
     return tuple((t.name, t.url) for t in direct_fleet.configured_targets(config))
