@@ -124,7 +124,7 @@ def test_the_fleet_table_frame_has_the_goodput_column() -> None:
     from diagnostics.ui import fleet_view
 
     slo = SloAttainment(attainment(HIST, 1.0, "request"), None, 100.0, 0.0, 0.0)
-    df = fleet_view.frame([FleetRow("a:8000", "m", True, {}, slo=slo)], "http://prometheus:9090", "")
+    df = fleet_view.frame([FleetRow("a:8000", "m", True, {}, slo=slo)], lambda page, row: f"/{page}")
     assert df.loc[0, "goodput"] == "≥ 90.0 %"
     assert "goodput" in fleet_view.column_config()
 
