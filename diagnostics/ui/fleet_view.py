@@ -154,7 +154,7 @@ def column_config() -> dict[str, Any]:
         "instance": st.column_config.TextColumn("instance"),
         "live": st.column_config.LinkColumn("Live", display_text="open ↗", help="this instance's charts, via Prometheus"),
         "diagnose": st.column_config.LinkColumn("Diagnose", display_text="open ↗"),
-        "worst finding": st.column_config.TextColumn("worst finding", width="medium"),
+        "worst finding": st.column_config.TextColumn("worst finding", width="large"),
         "goodput": st.column_config.TextColumn(
             "goodput", help="Share of requests certainly within the TTFT and ITL budgets set above (bucket "
             "bounds at or under each budget)"),

@@ -66,6 +66,8 @@ def test_the_direct_fleet_lists_every_target_with_the_trouble_on_its_row(
     expect(page.get_by_text(re.compile(r"1 of 4 replicas: KV cache full and preempting")).first).to_be_visible(
         timeout=120_000)
     expect(page.get_by_text("scraped directly, one collector each").first).to_be_visible()
+    expect(page.get_by_text("1 of 4 replicas: down", exact=True)).to_have_count(1)
+    expect(page.get_by_text("down in this window")).to_have_count(0)  # down now is said once
     for name in NAMES:
         expect(page.locator('[role="gridcell"]').filter(has_text=re.compile(f"^{re.escape(host(urls[name]))}$"))
                ).to_have_count(1)
@@ -76,7 +78,7 @@ def test_the_direct_fleet_lists_every_target_with_the_trouble_on_its_row(
         assert rows[quiet][3] == "up" and "KV-cache pressure" not in rows[quiet][4], rows[quiet]
     assert rows["gone"][3] == "DOWN" and rows["gone"][4].startswith("CRITICAL: Server unreachable"), rows["gone"]
     expect(page.locator(".js-plotly-plot")).to_have_count(5)
-    page.wait_for_timeout(2000)  # let the charts finish drawing before the screenshots
+    page.wait_for_timeout(15_000)  # a few refreshes more on the charts before the screenshots
     shoot(page, "fleet-direct.png")
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), clip={"x": 0, "y": 0, "width": 1500, "height": 1400})
@@ -84,10 +86,11 @@ def test_the_direct_fleet_lists_every_target_with_the_trouble_on_its_row(
     assert rows["real-vllm"][1] == "/Live?target=real-vllm"
     page.goto(url + rows["real-vllm"][1])
     expect(page.get_by_text(re.compile(rf"Up · {re.escape(urls['real-vllm'])}")).first).to_be_visible()
+    expect(page.get_by_role("combobox", name="Server")).to_contain_text("real-vllm")
     expect(page.get_by_text("KV-cache block usage").first).to_be_visible()
 
     assert hot[2] == "/Diagnose?target=sim-kv-pressure"
     page.goto(url + hot[2])
-    expect(page.get_by_text(re.compile(rf"Up · {re.escape(urls['sim-kv-pressure'])}")).first).to_be_visible()
+    expect(page.get_by_role("combobox", name="Server")).to_contain_text("sim-kv-pressure")
     expect(page.get_by_text("KV-cache pressure").first).to_be_visible()
     shoot(page, "fleet-direct-diagnose.png")

@@ -70,10 +70,14 @@ def run_fleet(real: str, others: tuple[str, str, str]) -> tuple[dict[str, dict],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     time.sleep(4)  # idle scrapes first
     clients = load.Clients()
-    load.closed_loop(real, clients, 16, 12.0, lambda: {"prompt": list(range(11, 21)), "max_tokens": 100}).join(300)
+    # 310 tokens a sequence is three 128-token blocks: sixteen of them outgrow the 11 usable blocks
+    # as they decode, and the scheduler preempts (110 tokens fit one block and never would).
+    loop = load.closed_loop(real, clients, 16, SECONDS - 10, lambda: {"prompt": list(range(11, 21)),
+                                                                      "max_tokens": 300})
     out, err = cli.communicate(timeout=SECONDS + 120)
     assert cli.returncode == 0, err
-    after = preemptions(real)
+    after = preemptions(real)  # what the server counted while the CLI collected
+    loop.join(600)
     assert set(clients.statuses) == {200}, clients.summary()
     rows = {r["name"]: r for r in json.loads(out)["instances"]}
     return rows, after - before
@@ -87,7 +91,7 @@ def test_fleet_url_on_real_servers_puts_the_trouble_on_its_row(vllm_tiny: VllmSe
     if preempted == 0:
         print("the closed loop did not preempt on this run (the server's own counter did not move); once more")
         rows, preempted = run_fleet(real, others)
-    assert preempted > 0, "the 12-block server never preempted under 16 clients"
+    assert preempted > 0, "the 12-block server never preempted under 16 clients of 310 tokens"
     assert list(rows) == [real, sim, dead, portal]
     mine = rows[real]
     assert mine["up"] is True and mine["model"] == SERVED_NAME

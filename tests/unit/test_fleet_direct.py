@@ -76,6 +76,7 @@ def test_the_trouble_is_on_the_right_row(fleet: direct.DirectReport) -> None:
     shared = {f.id: f.instances for f in fleet.findings}
     assert shared["kv_pressure"] == (rows[KV].instance,)
     assert shared["queue_at_cap"] == (rows[QUEUE].instance,)
+    assert shared["down"] == (rows[DOWN].instance,) and "server_down" not in shared  # down now: said once
     assert all(rows[HEALTHY].instance not in f.instances for f in fleet.findings)
 
 

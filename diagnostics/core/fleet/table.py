@@ -197,6 +197,8 @@ def fleet_findings(fleet: Sequence[FleetRow]) -> list[FleetFinding]:
         for f in row.findings:
             if f.severity == "info":
                 continue  # the fleet view is for what needs action; each row keeps its own
+            if f.id == "server_down" and row.up is False:
+                continue  # down now: said once, as "down"
             groups.setdefault(f.id, []).append((row, f))
     out = []
     for fid, members in groups.items():
