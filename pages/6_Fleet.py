@@ -77,8 +77,11 @@ def direct_page() -> None:
               f"{state.get(state.DIRECT_RANGE)}.")
         st.caption(f"{len(report.rows)} servers scraped directly, one collector each, every "
                    f"{report.interval_s:g} s · no Prometheus · table every {every} s · as of "
-                   f"{fmt_when(report.end)}. Past about "
-                   f"{fleet_view.DIRECT_LIMIT} servers, scrape them with Prometheus and point this page at it.")
+                   f"{fmt_when(report.end)}")
+        if len(report.rows) > fleet_view.DIRECT_LIMIT:
+            st.warning(f"{len(report.rows)} servers: past {fleet_view.DIRECT_LIMIT}, collecting them and rebuilding "
+                       "this table costs more than a core on a small host. Scrape them with Prometheus and point this "
+                       "page at it (README: *Where the line is*).")
         charts(report.charts, report.outliers)
 
     direct()

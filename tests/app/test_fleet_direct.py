@@ -111,3 +111,11 @@ def test_with_a_prometheus_configured_too_the_page_offers_both(targets: dict[str
     source.set_value("configured servers, scraped directly").run()
     assert not at.exception
     assert list(at.dataframe[0].value["live"]) == ["/Live?target=vllm"]
+
+
+def test_past_the_line_the_page_says_to_use_prometheus() -> None:
+    many = {f"s{i}": f"http://127.0.0.{i}:9" for i in range(1, 22)}  # 21 servers, none there
+    at = app("pages/6_Fleet.py", many).run()
+    assert not at.exception
+    assert len(at.dataframe[0].value) == 21
+    assert any("21 servers: past 20" in w.value and "Prometheus" in w.value for w in at.warning)
