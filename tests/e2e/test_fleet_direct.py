@@ -86,11 +86,11 @@ def test_the_direct_fleet_lists_every_target_with_the_trouble_on_its_row(
     assert rows["real-vllm"][1] == "/Live?target=real-vllm"
     page.goto(url + rows["real-vllm"][1])
     expect(page.get_by_text(re.compile(rf"Up · {re.escape(urls['real-vllm'])}")).first).to_be_visible()
-    expect(page.get_by_role("combobox", name="Server")).to_contain_text("real-vllm")
+    expect(page.get_by_role("combobox", name="Server")).to_have_value("real-vllm")
     expect(page.get_by_text("KV-cache block usage").first).to_be_visible()
 
     assert hot[2] == "/Diagnose?target=sim-kv-pressure"
     page.goto(url + hot[2])
-    expect(page.get_by_role("combobox", name="Server")).to_contain_text("sim-kv-pressure")
+    expect(page.get_by_role("combobox", name="Server")).to_have_value("sim-kv-pressure")
     expect(page.get_by_text("KV-cache pressure").first).to_be_visible()
     shoot(page, "fleet-direct-diagnose.png")
