@@ -164,14 +164,24 @@ def build_parser() -> Parser:
                            "into the history store (--data-dir DIR, --no-history)")
     serve.add_argument("streamlit_args", nargs="*", help="passed to `streamlit run` (e.g. --server.port 8600)")
 
-    fleet = sub.add_parser("fleet", help="every vLLM instance behind a Prometheus: state, outliers, worst finding")
-    fleet.add_argument("--prometheus", metavar="URL", required=True, help="the Prometheus HTTP API base URL")
-    fleet.add_argument("--selector", default="", help='series selector for the vLLM targets, e.g. \'{job="vllm"}\'')
-    fleet.add_argument("--since", type=_duration, default=_duration("15m"), metavar="DURATION",
-                       help="the window for rates, quantiles and the diagnosis (default 15m)")
+    fleet = sub.add_parser("fleet", help="several vLLM servers side by side (scraped directly, or every instance "
+                           "behind a Prometheus): state, outliers, worst finding")
+    fleet.add_argument("--url", action="append", default=[], metavar="URL",
+                       help="a vLLM server to scrape directly (repeatable; each gets only the API key configured for "
+                       "that URL in VLLM_URL/VLLM_API_KEY or [targets]); with neither --url nor --prometheus: every "
+                       "configured target")
+    fleet.add_argument("--seconds", type=_positive, default=30.0,
+                       help="direct targets: seconds to collect (the window; default 30)")
+    fleet.add_argument("--interval", type=_positive, default=1.0, help="direct targets: seconds between scrapes")
+    fleet.add_argument("--prometheus", metavar="URL", help="read every instance from this Prometheus HTTP API instead")
+    fleet.add_argument("--selector", default="", help='with --prometheus: series selector for the vLLM targets, '
+                       'e.g. \'{job="vllm"}\'')
+    fleet.add_argument("--since", type=_duration, metavar="DURATION",
+                       help="with --prometheus: the window for rates, quantiles and the diagnosis (default 15m)")
     fleet.add_argument("--until", type=_when, metavar="TIME",
-                       help="the window ends here (Unix seconds or ISO 8601; default now)")
-    fleet.add_argument("--timeout", type=_positive, help="seconds a whole query may take (default 15)")
+                       help="with --prometheus: the window ends here (Unix seconds or ISO 8601; default now)")
+    fleet.add_argument("--timeout", type=_positive, help="seconds a whole query or scrape may take (default 15 for "
+                       "Prometheus, 2 for a server)")
     budget_args(fleet)
     fleet.add_argument("--json", action="store_true", help="one object per instance: instance, model, up, …")
 
@@ -236,6 +246,14 @@ def parse(words: Sequence[str]) -> argparse.Namespace:
         parser.error("whatif needs either --set FLAG=VALUE (predict a change) or --goal NAME=VALUE (find one)")
     if args.command == "whatif" and args.keep and not args.goal:
         parser.error("--keep goes with --goal")
+    if args.command == "fleet" and args.prometheus and args.url:
+        parser.error("fleet takes --prometheus or --url, not both")
+    if args.command == "fleet" and not args.prometheus:
+        for flag in ("selector", "since", "until"):
+            if getattr(args, flag, None):
+                parser.error(f"--{flag} goes with --prometheus (direct targets are collected for --seconds)")
+    if args.command == "fleet" and args.prometheus and not args.since:
+        args.since = 900.0
     if args.command == "record" and (args.prometheus or store) and not args.since:
         args.since = 3600.0
     if args.command == "record" and args.url and not store and not args.seconds:

@@ -162,6 +162,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
+    if not args.prometheus:
+        return _fleet_direct(args)
     from diagnostics import prometheus_fleet as fleet
 
     client, scope = window.prometheus(args)
@@ -183,7 +185,39 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if not report.rows:
         print(f"no vLLM instances in Prometheus at {client.url} for {{{scope.selector}}}")
         return 0
-    print(render_fleet(report))
+    print(render_fleet(report.rows, report.findings))
+    return 0
+
+
+def _fleet_direct(args: argparse.Namespace) -> int:
+    """``fleet --url A --url B`` (or the configured targets): every server scraped at once for
+    ``--seconds``, one collector each, then the same table as through Prometheus."""
+    from diagnostics import direct_fleet
+    from diagnostics.core.fleet import direct
+
+    config = direct_fleet.configured()
+    try:
+        targets = direct_fleet.url_targets(args.url, config) if args.url else direct_fleet.configured_targets(config)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    if not targets:
+        raise CliError("fleet needs --url URL (repeatable), --prometheus URL, or configured targets (VLLM_URL, "
+                       "[targets] in .streamlit/secrets.toml)", EXIT_USAGE)
+    print(f"collecting {len(targets)} servers for {args.seconds:g} s", file=sys.stderr)
+    read = direct_fleet.collect(targets, args.seconds, args.interval, args.timeout or 2.0)
+    budgets = Budgets(ttft_ms=args.ttft_budget_ms, itl_ms=args.itl_budget_ms)
+    # Each target's whole collection is the window (ending at its own newest scrape).
+    report = direct.report(read, range_s=args.seconds + args.interval, interval_s=args.interval, budgets=budgets)
+    if args.json:
+        print(json.dumps({
+            "source": "direct",
+            "window_seconds": report.range_s,
+            "instances": [{"name": report.names.get(row.instance), **row.to_json()} for row in report.rows],
+            "fleet_findings": [f.to_json() for f in report.findings],
+            "outliers": [{"instance": o.instance, "key": o.key, "why": o.why} for o in report.outliers],
+        }, indent=1))
+        return 0
+    print(render_fleet(report.rows, report.findings))
     return 0
 
 

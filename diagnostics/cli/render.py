@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Finding, KnownFlags, command_diff
 from diagnostics.core.diagnosis.outcomes import Outcomes, Share
+from diagnostics.core.fleet.table import FleetFinding, FleetRow
 from diagnostics.core.metrics.status import StatusReport
 from diagnostics.core.probe import Percentiles, ProbeSummary, disagreements
 from diagnostics.core.text import (
@@ -22,9 +24,6 @@ from diagnostics.core.text import (
     roofline_text,
 )
 from diagnostics.core.whatif.goals import GoalAnswer, Trial
-
-if TYPE_CHECKING:  # imported when used: the Prometheus client takes longer to import than the rest
-    from diagnostics.prometheus_fleet import FleetReport
 
 
 def _fmt(value: Any, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
@@ -232,22 +231,21 @@ def render_goals(a: GoalAnswer) -> str:
     return "\n".join(lines)
 
 
-def render_fleet(report: FleetReport) -> str:
+def render_fleet(rows: Sequence[FleetRow], findings: Sequence[FleetFinding]) -> str:
     """One line per instance (the worst finding last), then the fleet's own findings."""
-    lines = [f"{'instance':24} {'model':20} {'up':4} {'KV':>6} {'run':>5} {'wait':>5} {'preempt/s':>9} "
+    lines = [f"{'instance':24} {'model':20} {'up':8} {'KV':>6} {'run':>5} {'wait':>5} {'preempt/s':>9} "
              f"{'ITL p95':>9} {'goodput':>9} {'failed':>12} {'4xx':>12} {'gave up':>12}  worst finding"]
-    for row in report.rows:
+    for row in rows:
         v, o = row.values, row.outcomes
-        worst = row.worst
         lines.append(
-            f"{row.instance[:24]:24} {(row.model or '—')[:20]:20} {_fmt(None if row.up is None else 'up' if row.up else 'DOWN'):4} "
+            f"{row.instance[:24]:24} {(row.model or '—')[:20]:20} {row.state_text:8} "
             f"{_fmt(v.get('kv_cache_usage_perc'), '%', 100, 0):>6} {_fmt(v.get('num_requests_running'), digits=0):>5} "
             f"{_fmt(v.get('num_requests_waiting'), digits=0):>5} {_fmt(v.get('preemptions_per_s'), digits=2):>9} "
             f"{_fmt_s(v.get('itl_p95_s')):>9} {row.goodput_text:>9} {_cell(o.failed_share if o else None):>12} "
             f"{_cell(o.rejected_share if o else None):>12} {_cell(o.gave_up_share if o else None):>12}  "
-            f"{worst.severity.upper() + ' ' + worst.title if worst else '—'}"
+            f"{row.worst_text}"
         )
-    for f in report.findings:
+    for f in findings:
         lines.append(f"{f.severity.upper():8} {f.text}")
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
-"""The Fleet page's pieces: the report (cached per refresh), the table as a styled frame with links
-to each instance's views, and adopting an instance opened by such a link."""
+"""The Fleet page's pieces: which fleet it reads (the configured targets directly, or a
+Prometheus), the report (cached per refresh), the table as a styled frame with links to each
+instance's views, and adopting an instance opened by such a link."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
+from diagnostics import direct_fleet
 from diagnostics.core.diagnosis import Budgets
 from diagnostics.core.diagnosis.outcomes import Outcomes, Share
+from diagnostics.core.fleet import direct
 from diagnostics.core.fleet.gpus import GpuJoin
 from diagnostics.core.fleet.promql import FLEET_COLUMNS, Scope, parse_selector
 from diagnostics.core.fleet.table import FleetRow, Outlier
@@ -20,6 +23,14 @@ from diagnostics.core.targets import PrometheusInstance, TargetsConfig, normaliz
 from diagnostics.core.text import fmt_share_cell, gpu_rows
 from diagnostics.prometheus_fleet import FleetReport, fleet_report
 from diagnostics.ui import resources, state
+
+DIRECT = "configured servers, scraped directly"
+PROMETHEUS = "Prometheus"
+DIRECT_LIMIT = 20
+"""Past this many servers, the page says to use Prometheus (README: *Where the line is*, measured by
+``bench/fleet_direct.py``)."""
+
+LinkTo = Callable[[str, FleetRow], str]
 
 _SCALE = {"%": (100.0, "%"), "s": (1000.0, "ms"), "/s": (1.0, "/s"), "": (1.0, "")}
 # Beside goodput: the outcome rules' shares of each instance's requests over the range (and counts).
@@ -42,6 +53,55 @@ def report(url: str, selector: str, range_s: int, itl_ms: float, ttft_ms: float,
     return fleet_report(client, Scope(selector), range_s=range_s, budgets=budgets, charts=True)
 
 
+def pick_source(config: TargetsConfig) -> str:
+    """Where the fleet is read from: the configured targets when there are any, a Prometheus when
+    one is configured or may be typed; a choice between the two when both are possible (Prometheus
+    first when one is configured: the operator set it up for the fleet)."""
+    choices = ([DIRECT] if config.targets else []) + ([PROMETHEUS] if config.prometheus_url or config.allow_custom
+                                                      else [])
+    if len(choices) < 2:
+        return choices[0] if choices else PROMETHEUS
+    if state.get(state.FLEET_SOURCE) not in choices:
+        st.session_state[state.FLEET_SOURCE] = PROMETHEUS if config.prometheus_url else DIRECT
+    return str(st.radio("Read the fleet from", choices, horizontal=True, key=state.widget_key(state.FLEET_SOURCE),
+                        on_change=state.save, args=(state.FLEET_SOURCE,),
+                        help="A few servers need no Prometheus: each configured target's own collector (the one Live "
+                        "reads) scraping it every second. Past about twenty, or for days of history, use Prometheus."))
+
+
+def direct_refresh_seconds(range_s: int, refresh_s: int) -> int:
+    """How often the direct table is rebuilt: every server's whole diagnosis over the range is the
+    cost (``bench/fleet_direct.py``: about 0.13 s of CPU per server for 5 min of 1 s scrapes, 2 s
+    for an hour), so at least 10 s and a sixtieth of the range."""
+    return max(10, refresh_s, range_s // 60)
+
+
+def direct_targets(config: TargetsConfig) -> tuple[tuple[str, str], ...]:
+    """The configured targets as (name, URL): what the direct report is cached by (never a key)."""
+    return tuple((t.name, t.url) for t in direct_fleet.configured_targets(config))
+
+
+@st.cache_data(ttl=30, max_entries=16, show_spinner=False)
+def direct_report(targets: tuple[tuple[str, str], ...], range_s: int, itl_ms: float, ttft_ms: float,
+                  tick: int) -> direct.DirectReport:
+    """The configured targets over the last ``range_s``, each read from its shared collector (started
+    here if the flight recorder did not), once per ``tick`` for every viewer."""
+    config = resources.targets_config()
+    by_url = {t.url: t for t in direct_fleet.configured_targets(config)}
+    gpu_urls = {t.name: t.gpu_metrics_url for t in config.targets}
+    read = []
+    interval = 1.0
+    for name, url in targets:
+        target = by_url.get(url)
+        if target is None:
+            continue
+        collector = resources.collector(target.url, target.api_key, gpu_urls.get(name))
+        interval = collector.interval_seconds
+        read.append(direct_fleet.snapshot(name, collector))
+    budgets = Budgets(itl_ms=itl_ms or None, ttft_ms=ttft_ms or None)
+    return direct.report(read, range_s=range_s, interval_s=interval, end=time.time(), budgets=budgets, draw=True)
+
+
 def tick(every_seconds: float) -> int:
     return int(time.time() // every_seconds)
 
@@ -55,17 +115,23 @@ def link(page: str, url: str, selector: str, row: FleetRow) -> str:
     return f"/{page}?{urlencode(query)}"
 
 
-def frame(rows: list[FleetRow], url: str, selector: str) -> pd.DataFrame:
-    """One row per instance, numbers in the units a person reads (%, ms, per second)."""
+def direct_link(page: str, name: str) -> str:
+    """A link that opens a configured target by its name (never its URL: a link must not point the
+    dashboard anywhere the configuration does not)."""
+    return f"/{page}?{urlencode({'target': name})}"
+
+
+def frame(rows: list[FleetRow], link_to: Callable[[str, FleetRow], str]) -> pd.DataFrame:
+    """One row per instance, numbers in the units a person reads (%, ms, per second);
+    ``link_to(page, row)`` is the row's link to that page."""
     records: list[dict[str, Any]] = []
     for row in rows:
-        worst = row.worst
         rec: dict[str, Any] = {
             "instance": row.instance,
-            "live": link("Live", url, selector, row),
-            "diagnose": link("Diagnose", url, selector, row),
-            "up": {True: "up", False: "DOWN", None: "?"}[row.up],
-            "worst finding": f"{worst.severity.upper()}: {worst.title}" if worst is not None else row.error or "—",
+            "live": link_to("Live", row),
+            "diagnose": link_to("Diagnose", row),
+            "up": row.state_text,
+            "worst finding": row.worst_text,
             "goodput": row.goodput_text,
             **{key: "—" if row.outcomes is None else fmt_share_cell(share(row.outcomes))
                for key, (share, _) in OUTCOME_COLUMNS.items()},
@@ -100,7 +166,7 @@ def column_config() -> dict[str, Any]:
         "instance": st.column_config.TextColumn("instance"),
         "live": st.column_config.LinkColumn("Live", display_text="open ↗", help="this instance's charts, via Prometheus"),
         "diagnose": st.column_config.LinkColumn("Diagnose", display_text="open ↗"),
-        "worst finding": st.column_config.TextColumn("worst finding", width="medium"),
+        "worst finding": st.column_config.TextColumn("worst finding", width="large"),
         "goodput": st.column_config.TextColumn(
             "goodput", help="Share of requests certainly within the TTFT and ITL budgets set above (bucket "
             "bounds at or under each budget)"),
@@ -134,9 +200,17 @@ def styled(df: pd.DataFrame, found: list[Outlier]) -> Any:
 
 
 def adopt_link(config: TargetsConfig) -> str | None:
-    """An instance opened by a Fleet-table link (``?prometheus=…&instance=…``) becomes the target;
-    returns why not, when the link cannot be followed here."""
+    """An instance opened by a Fleet-table link becomes the target — a configured one by its name
+    (``?target=prod-a``), or one read through Prometheus (``?prometheus=…&instance=…``); returns why
+    not, when the link cannot be followed here."""
     params = st.query_params
+    if "target" in params and "prometheus" not in params:
+        name = params.get("target", "")
+        if name not in {t.name for t in config.targets}:
+            return f"No configured target is named {name!r}: a link opens only the targets this dashboard lists."
+        st.session_state[state.TARGET_NAME] = name
+        st.query_params.clear()
+        return None
     if "prometheus" not in params or "instance" not in params:
         return None
     url, instance = params.get("prometheus", ""), params.get("instance", "")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,18 +24,11 @@ from diagnostics.core.fleet.promql import parse_duration
 from diagnostics.core.store import DEFAULT_POLICY, StorePolicy
 from diagnostics.core.store.policy import MIB
 from diagnostics.core.targets import normalize_url, targets_from
+from diagnostics.direct_fleet import read_secrets, secrets_files
 from diagnostics.sources import nvml
 from diagnostics.sources.store import HistoryStore, default_data_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def read_secrets(path: Path) -> dict[str, Any]:
-    """``secrets.toml`` as Streamlit would read it; {} when absent or unreadable (the app then says so)."""
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
 
 
 def configured_urls(secrets: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
@@ -140,7 +132,7 @@ def serve(streamlit_args: Sequence[str]) -> int:
     if spec.problem:
         print(f"error: {spec.problem}", file=sys.stderr)
         return 2
-    secrets = read_secrets(ROOT / ".streamlit" / "secrets.toml")
+    secrets = read_secrets(secrets_files())
     store = open_history(spec, configured_urls(secrets, os.environ))
     recorders = start_flight_recorders(secrets, os.environ)
     if recorders:

@@ -26,7 +26,7 @@ PAGES = (
     ("pages/3_Diagnose.py", "Diagnose", ":material/troubleshoot:"),
     ("pages/4_PagedAttention.py", "PagedAttention", ":material/grid_view:"),
     ("pages/5_Capacity.py", "Capacity", ":material/calculate:"),
-    ("pages/6_Fleet.py", "Fleet (Prometheus)", ":material/lan:"),
+    ("pages/6_Fleet.py", "Fleet", ":material/lan:"),
     ("pages/7_Probe.py", "Probe (verify under load)", ":material/speed:"),
 )
 

@@ -23,6 +23,8 @@ PROM_RANGE = "prometheus_range"
 PROM_STEP = "prometheus_step"
 PROM_INSTANCE = "prometheus_instance"  # (url, selector, instance, model) opened from the Fleet page
 FLEET_LAST = "fleet_last_report"  # the last report that came back: kept while Prometheus is away
+FLEET_SOURCE = "fleet_source"  # the Fleet page reads the configured targets directly, or a Prometheus
+DIRECT_RANGE = "direct_range"  # the Fleet page's range over the direct targets' collectors
 
 CUSTOM = "custom URL…"
 SIMULATED = "simulated engine (demo)"
@@ -34,6 +36,7 @@ STORED_WINDOW_CHOICES = {"6 h": 21600, "1 day": 86400, "7 days": 604800, "30 day
 QUANTILE_WINDOW_CHOICES = {"30 s": 30, "60 s": 60, "5 min": 300}
 PROM_RANGE_CHOICES = {"15 min": 900, "1 h": 3600, "6 h": 21600, "1 day": 86400, "7 days": 604800}
 PROM_STEP_CHOICES = {"auto": 0, "15 s": 15, "1 min": 60, "5 min": 300}
+DIRECT_RANGE_CHOICES = {"1 min": 60, "5 min": 300, "15 min": 900, "1 h": 3600}  # a collector keeps the last hour
 
 
 DEFAULTS: dict[str, object] = {
@@ -51,6 +54,7 @@ DEFAULTS: dict[str, object] = {
     PROM_SELECTOR: "",
     PROM_RANGE: "15 min",
     PROM_STEP: "auto",
+    DIRECT_RANGE: "5 min",
 }
 
 
@@ -96,6 +100,10 @@ def max_num_seqs() -> int | None:
 
 def prom_range_seconds() -> int:
     return PROM_RANGE_CHOICES.get(str(get(PROM_RANGE)), 900)
+
+
+def direct_range_seconds() -> int:
+    return DIRECT_RANGE_CHOICES.get(str(get(DIRECT_RANGE)), 300)
 
 
 def prom_step_seconds() -> int:

@@ -647,6 +647,8 @@ def test_timeouts_that_last_or_are_still_going_are_an_outage() -> None:
     (ErrorKind.UNREACHABLE, "/metrics did not answer within 2 s", "Server unreachable"),  # the words do not count
     (ErrorKind.ENGINE_UNAVAILABLE, "gone", "Engine dead"),
     (ErrorKind.HTTP_STATUS, "/metrics answered HTTP 503 Service Unavailable", "Server unreachable"),
+    (ErrorKind.NOT_VLLM, "Server unreachable", "Answers, but not as a vLLM server"),
+    (ErrorKind.BAD_PAYLOAD, "Server unreachable", "/metrics answers what cannot be read"),
 ])
 def test_the_outage_rule_reads_the_error_kind_never_the_message(kind: ErrorKind, message: str, expect: str) -> None:
     history = steady(5) + [down(5.0, kind, message)] + [scrape(6.0, gen=600)]

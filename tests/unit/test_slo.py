@@ -128,7 +128,7 @@ def test_the_fleet_table_frame_has_the_goodput_column() -> None:
     from diagnostics.ui import fleet_view
 
     slo = SloAttainment(attainment(HIST, 1.0, "request"), None)
-    df = fleet_view.frame([FleetRow("a:8000", "m", True, {}, slo=slo)], "http://prometheus:9090", "")
+    df = fleet_view.frame([FleetRow("a:8000", "m", True, {}, slo=slo)], lambda page, row: f"/{page}")
     assert df.loc[0, "goodput"] == "≥ 90.0 %"
     assert "goodput" in fleet_view.column_config()
 
@@ -201,15 +201,14 @@ def test_the_fleet_table_and_its_cli_show_the_outcome_shares_beside_goodput() ->
     from diagnostics.cli.render import render_fleet
     from diagnostics.core.diagnosis.outcomes import window_outcomes
     from diagnostics.core.fleet.table import FleetRow
-    from diagnostics.prometheus_fleet import FleetReport, Window
     from diagnostics.ui import fleet_view
 
     seen = window_outcomes(read_recording(INCIDENTS / "rejected_over_len_512.jsonl.gz").scrapes(), 512)
     rows = [FleetRow("a:8000", "m", True, {}, outcomes=seen), FleetRow("b:8000", "m", True, {})]
-    df = fleet_view.frame(rows, "http://prometheus:9090", "")
+    df = fleet_view.frame(rows, lambda page, row: f"/{page}")
     assert df.loc[0, "rejected 4xx"] == "38.0 % (41)" and df.loc[0, "failed"] == "0.0 % (0)"
     assert df.loc[1, "gave up"] == "—"
     assert {"failed", "rejected 4xx", "gave up"} <= set(fleet_view.column_config())
-    text = render_fleet(FleetReport(Window(0, 1, 1), rows, [], [], 0))
+    text = render_fleet(rows, [])
     assert "38.0 % (41)" in text.splitlines()[1] and "gave up" in text.splitlines()[0]
     assert rows[0].to_json()["outcomes"]["rejected"] == 41

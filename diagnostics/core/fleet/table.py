@@ -29,12 +29,31 @@ class FleetRow:
     error: str | None = None  # why this instance's diagnosis could not run
     slo: SloAttainment | None = None  # with budgets: the shares within them over the range
     outcomes: Outcomes | None = None  # failed, rejected and given-up requests over the range (None: not diagnosed)
+    state: str | None = None  # a direct target's collector state (up, down, not_vllm, stale, starting)
+    detail: str | None = None  # and why it is not up, in the collector's words
 
     @property
     def goodput_text(self) -> str:
         """The goodput cell: "≥ 93.0 %" (certainly within every budget set), or a dash."""
         good = self.slo.goodput_at_least if self.slo is not None else None
         return "—" if good is None else f"≥ {good * 100:.1f} %"
+
+    @property
+    def state_text(self) -> str:
+        """The up cell: "up", "DOWN", "NOT vLLM" (it answers, but not with vLLM's metrics), "stale",
+        "starting", or "?" when nothing says."""
+        if self.state is not None and self.state in _STATE_TEXT:
+            return _STATE_TEXT[self.state]
+        return {True: "up", False: "DOWN", None: "?"}[self.up]
+
+    @property
+    def worst_text(self) -> str:
+        """The worst-finding cell: "CRITICAL: title", else why there is none (the diagnosis failed,
+        the target is not up), else a dash."""
+        worst = self.worst
+        if worst is not None:
+            return f"{worst.severity.upper()}: {worst.title}"
+        return self.error or self.detail or "—"
 
     @property
     def worst(self) -> Finding | None:
@@ -52,7 +71,11 @@ class FleetRow:
             "error": self.error,
             "slo": self.slo.to_json() if self.slo is not None else None,
             "outcomes": self.outcomes.to_json() if self.outcomes is not None else None,
+            **({"state": self.state, "detail": self.detail} if self.state is not None else {}),
         }
+
+
+_STATE_TEXT = {"up": "up", "down": "DOWN", "not_vllm": "NOT vLLM", "stale": "stale", "starting": "starting"}
 
 
 def _clean(value: float | None) -> float | None:
@@ -179,6 +202,8 @@ def fleet_findings(fleet: Sequence[FleetRow]) -> list[FleetFinding]:
         for f in row.findings:
             if f.severity == "info":
                 continue  # the fleet view is for what needs action; each row keeps its own
+            if f.id == "server_down" and row.up is False:
+                continue  # down now: said once, as "down"
             groups.setdefault(f.id, []).append((row, f))
     out = []
     for fid, members in groups.items():

@@ -8,6 +8,7 @@ from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.logs import log_time
 from diagnostics.core.diagnosis.rules.common import absent, before, exposes
 from diagnostics.core.diagnosis.types import Finding
+from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.text import fmt_duration
 
@@ -26,7 +27,7 @@ def outage(ctx: Context) -> list[Finding]:
                 and all(s.error_kind is ErrorKind.TIMEOUT for s in failed):
             slow.append((start, end))
             continue
-        title = ("Engine dead (/health 503)" if engine_dead else "Server unreachable") + (
+        title = _what_failed(failed, engine_dead) + (
             f" since {fmt_duration(end - start)} ago" if ongoing
             else f" for {fmt_duration(end - start)}, then recovered"
         )
@@ -65,6 +66,19 @@ def outage(ctx: Context) -> list[Finding]:
                 )
             )
     return findings
+
+
+def _what_failed(failed: list[Scrape], engine_dead: bool) -> str:
+    """What the failed scrapes say, by kind: a dead engine, an answer that is not vLLM's metrics
+    (another service on the port, a proxy's page) or cannot be read, else unreachable."""
+    kinds = {s.error_kind for s in failed}
+    if engine_dead:
+        return "Engine dead (/health 503)"
+    if kinds == {ErrorKind.NOT_VLLM}:
+        return "Answers, but not as a vLLM server"
+    if kinds == {ErrorKind.BAD_PAYLOAD}:
+        return "/metrics answers what cannot be read"
+    return "Server unreachable"
 
 
 def _slow_scrapes(ctx: Context, episodes_: list[tuple[float, float]]) -> Finding:
