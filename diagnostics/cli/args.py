@@ -15,7 +15,7 @@ from diagnostics.core.fleet.promql import parse_duration
 from diagnostics.core.simulator.scenarios import SCENARIOS
 from diagnostics.sources.vllm_http import DEFAULT_API_KEY_ENV
 
-DESCRIPTION = """The headless CLI: ``python -m diagnostics record|status|diagnose|fleet|probe|alert-rules`` (same core as the app).
+DESCRIPTION = """The headless CLI: ``python -m diagnostics record|status|diagnose|whatif|simulate|serve|fleet|probe|alert-rules`` (same core as the app).
 
 Every command that takes ``--url`` also takes ``--prometheus URL [--selector S] [--instance I]
 [--since 2h]``: the same views read from the history Prometheus keeps.

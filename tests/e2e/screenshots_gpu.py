@@ -13,33 +13,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import expect
 
 from diagnostics.sim.server import SIM_DCGM_PATH, SimServer
-from tests.e2e.conftest import CHROMIUM
+from tests.e2e.shots import OUT, chromium_page, section, top
 from tests.e2e.streamlit_app import streamlit_app
 from tests.integration.prometheus_server import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "docs" / "screenshots"
-
-
-def _section(page: Page, heading: str, path: Path, height: int) -> None:
-    """From ``heading`` down ``height`` pixels (Streamlit scrolls its own container, not the page:
-    the heading is scrolled to the top of the viewport first)."""
-    element = page.get_by_text(heading, exact=True).first
-    element.evaluate("e => e.scrollIntoView({block: 'start'})")
-    page.wait_for_timeout(1500)
-    box = element.bounding_box()
-    assert box is not None, heading
-    top = max(0, box["y"] - 60)
-    page.screenshot(path=str(path), clip={"x": 0, "y": top, "width": 1500, "height": min(height, 2400 - top)})
-    print("wrote", path)
 
 
 def main() -> int:
-    OUT.mkdir(parents=True, exist_ok=True)
-    expect.set_options(timeout=120_000)
     healthy = SimServer("healthy", host="127.0.0.1").start()
     hot = SimServer("gpu_thermal_throttle", host="127.0.0.2").start()
     hosts = [u.split("://", 1)[1] for u in (healthy.url, hot.url)]
@@ -49,26 +33,21 @@ def main() -> int:
     try:
         prom.wait_for_scrapes(20)
         with tempfile.TemporaryDirectory() as tmp, streamlit_app(env, Path(tmp) / "streamlit.log") as url, \
-                sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1500, "height": 2400})
-            page.set_default_timeout(120_000)
+                chromium_page() as page:
             page.goto(url + "/Live")  # the app's own simulated engine, healthy
             expect(page.get_by_text("GPU health", exact=True).first).to_be_visible()
             page.wait_for_timeout(25_000)
-            _section(page, "GPU health", OUT / "live-gpu-panel-healthy.png", 1150)
+            section(page, "GPU health", OUT / "live-gpu-panel-healthy.png", 1150, exact=True)
             page.get_by_role("combobox", name="Scenario").click()
             page.get_by_role("option", name="GPU thermally throttled").click()
             expect(page.get_by_text("is throttled now").first).to_be_visible()
             page.wait_for_timeout(25_000)
-            _section(page, "GPU health", OUT / "live-gpu-panel-throttled.png", 1250)
+            section(page, "GPU health", OUT / "live-gpu-panel-throttled.png", 1250, exact=True)
             page.goto(url + "/Fleet")
             expect(page.get_by_text("GPUs (dcgm-exporter, through Prometheus)").first).to_be_visible()
             expect(page.get_by_text("throttled:").first).to_be_visible()
             page.wait_for_timeout(5_000)
-            page.screenshot(path=str(OUT / "fleet-dcgm.png"), full_page=True)
-            print("wrote", OUT / "fleet-dcgm.png")
-            browser.close()
+            top(page, OUT / "fleet-dcgm.png", 1600)
     finally:
         prom.close()
         healthy.stop()

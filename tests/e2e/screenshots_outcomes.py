@@ -19,16 +19,14 @@ import threading
 from pathlib import Path
 
 import httpx
-from PIL import Image
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import expect
 
 from diagnostics.sim.server import SIM_DCGM_PATH, SimServer
-from tests.e2e.conftest import CHROMIUM
+from tests.e2e.shots import OUT, chromium_page, top
 from tests.e2e.streamlit_app import streamlit_app
 from tests.integration.prometheus_server import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "docs" / "screenshots"
 MAX_BYTES = 300_000
 
 
@@ -42,24 +40,7 @@ def _too_long(server: SimServer, stop: threading.Event) -> None:
             pass
 
 
-def _save(page: Page, path: Path, height: int) -> None:
-    """The page's top ``height`` pixels, shrunk until at most MAX_BYTES (a palette PNG, then smaller)."""
-    page.screenshot(path=str(path), clip={"x": 0, "y": 0, "width": 1500, "height": height})
-    image = Image.open(path).convert("RGB")
-    scale = 1.0
-    while True:
-        size = (int(image.width * scale), int(image.height * scale))
-        shown = image.resize(size, Image.Resampling.LANCZOS) if scale < 1 else image
-        shown.quantize(colors=256).save(path, optimize=True)
-        if path.stat().st_size <= MAX_BYTES or scale < 0.5:
-            break
-        scale *= 0.85
-    print("wrote", path, path.stat().st_size, "bytes", size)
-
-
 def main() -> int:
-    OUT.mkdir(parents=True, exist_ok=True)
-    expect.set_options(timeout=120_000)
     refused = SimServer("healthy", host="127.0.0.1").start()
     hot = SimServer("gpu_thermal_throttle", host="127.0.0.2").start()
     stop = threading.Event()
@@ -72,10 +53,7 @@ def main() -> int:
     try:
         prom.wait_for_scrapes(20)
         with tempfile.TemporaryDirectory() as tmp, streamlit_app(env, Path(tmp) / "streamlit.log") as url, \
-                sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1500, "height": 1300})
-            page.set_default_timeout(120_000)
+                chromium_page(1300) as page:
             page.goto(url)
             for label, value in (("TTFT budget, p95 (ms; 0 = none)", "500"), ("ITL budget, p95 (ms; 0 = none)", "25")):
                 box = page.get_by_role("spinbutton", name=label)
@@ -84,7 +62,7 @@ def main() -> int:
             expect(page.get_by_text("Goodput (within budgets)").first).to_be_visible()
             expect(page.get_by_text("Rejected (4xx)").first).to_be_visible()
             page.wait_for_timeout(30_000)  # a rate window of scrapes, refusals among them
-            _save(page, OUT / "overview-budgets-outcomes.png", 1000)
+            top(page, OUT / "overview-budgets-outcomes.png", 1000)
             page.goto(url + "/Fleet")
             for label, value in (("ITL budget (ms)", "25"), ("TTFT budget (ms)", "500")):
                 box = page.get_by_role("spinbutton", name=label)
@@ -92,8 +70,7 @@ def main() -> int:
                 box.press("Enter")
             expect(page.get_by_text("GPUs (dcgm-exporter, through Prometheus)").first).to_be_visible()
             page.wait_for_timeout(15_000)
-            _save(page, OUT / "fleet-outcomes.png", 1300)
-            browser.close()
+            top(page, OUT / "fleet-outcomes.png", 1300)
     finally:
         stop.set()
         prom.close()

@@ -14,16 +14,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import expect
 
 from diagnostics.sim.server import SimServer
-from tests.e2e.conftest import CHROMIUM
+from tests.e2e.shots import OUT, chromium_page, top
 from tests.e2e.streamlit_app import streamlit_app
 from tests.integration.prometheus_server import PrometheusServer
 
-ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "docs" / "screenshots"
-MAX_BYTES = 300 * 1024
 VIEW = {"width": 1400, "height": 1000}
 
 # (file, path, text that shows the page has drawn what the picture is for, seconds to let charts fill)
@@ -37,18 +34,7 @@ TOUR = [
 ]
 
 
-def _shot(page: Page, path: Path) -> None:
-    expect(page.locator('[data-testid="stException"]')).to_have_count(0)
-    page.screenshot(path=str(path))
-    size = path.stat().st_size
-    print(f"wrote {path.relative_to(ROOT)} ({size / 1024:.0f} KB)")
-    if size > MAX_BYTES:
-        raise SystemExit(f"{path.name} is {size / 1024:.0f} KB, over the 300 KB the README's images may take")
-
-
 def main() -> int:
-    OUT.mkdir(parents=True, exist_ok=True)
-    expect.set_options(timeout=120_000)
     healthy = SimServer("healthy", host="127.0.0.1").start()
     hot = SimServer("kv_pressure", host="127.0.0.2").start()
     hosts = [u.split("://", 1)[1] for u in (healthy.url, hot.url)]
@@ -58,10 +44,7 @@ def main() -> int:
     try:
         prom.wait_for_scrapes(20)
         with tempfile.TemporaryDirectory() as tmp, streamlit_app(env, Path(tmp) / "streamlit.log") as url, \
-                sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport=VIEW)
-            page.set_default_timeout(120_000)
+                chromium_page(VIEW["height"], VIEW["width"]) as page:
             page.goto(url)
             expect(page.get_by_text("Up ·").first).to_be_visible()
             page.get_by_role("combobox", name="Scenario").click()
@@ -72,12 +55,11 @@ def main() -> int:
                 page.goto(url + path)
                 expect(page.get_by_text(ready).first).to_be_visible()
                 page.wait_for_timeout(settle * 1000)
-                _shot(page, OUT / name)
+                top(page, OUT / name)
             page.goto(url + "/Fleet")
             expect(page.get_by_text("127.0.0.2").first).to_be_visible()
             page.wait_for_timeout(5_000)
-            _shot(page, OUT / "tour-fleet.png")
-            browser.close()
+            top(page, OUT / "tour-fleet.png")
     finally:
         prom.close()
         healthy.stop()

@@ -175,3 +175,17 @@ def test_instance_is_host_and_port_as_prometheus_labels_it() -> None:
     assert direct.instance_label("https://gpu-a.internal:8443/vllm/") == "gpu-a.internal:8443/vllm"
     t = target(HEALTHY)
     assert replace(t, name="prod-a").instance == direct.instance_label(t.status.target or "")
+
+
+def test_a_replica_with_only_notes_reads_nothing_above_info_not_the_note_as_its_trouble() -> None:
+    """The Fleet table's worst-finding cell: an info note ("ITL p95 … no budget given") is not a
+    replica's trouble; a warning is named; a replica with no diagnosis says why."""
+    from diagnostics.core.diagnosis.types import Finding
+    from diagnostics.core.fleet.table import FleetRow
+
+    note = Finding("itl_unjudged", "info", "ITL p95 is < 10 ms; no ITL budget given", {})
+    warn = Finding("queue_at_cap", "warning", "Requests waiting at --max-num-seqs 4", {})
+    assert FleetRow("a:8000", "m", True, {}, findings=(note,)).worst_text == "nothing above info"
+    assert FleetRow("b:8000", "m", True, {}, findings=(note, warn)).worst_text == \
+        "WARNING: Requests waiting at --max-num-seqs 4"
+    assert FleetRow("c:8000", "m", False, {}, error="connection refused").worst_text == "connection refused"

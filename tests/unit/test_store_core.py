@@ -178,3 +178,22 @@ def test_live_draws_the_peak_a_downsampled_range_keeps() -> None:
     # Every scrape as taken: no peak line.
     plain = kv_usage_figure([r.scrape for r in raw], None)
     assert plain is not None and all(t.name != "peak in the interval" for t in plain.data)
+
+
+def test_a_counter_that_drops_without_a_restart_closes_the_interval() -> None:
+    """A counter reset while the process start time stays (a counter re-created, not a restart): the
+    increase over the aggregates is the raw one, counted by hand — 24 steps of 10 before the drop,
+    the post-reset value 10, then 34 steps of 10: 590. (Found by a sceptic's mutation: only a
+    restart closed an interval, and no test told a bare drop apart.)"""
+    from diagnostics.core.metrics.derive import counter_increase
+    from diagnostics.core.store import Row, downsample
+    from tests.unit import synth
+
+    rows, gen = [], 0.0
+    for t in range(60):
+        if t == 25:
+            gen = 0.0
+        gen += 10
+        rows.append(Row(synth.scrape(float(t), gen=gen, started_at=1000)))
+    aggregates = [r.scrape for r in downsample(rows, 10.0)]
+    assert counter_increase(aggregates, "generation_tokens")[0] == 590

@@ -48,11 +48,14 @@ class FleetRow:
 
     @property
     def worst_text(self) -> str:
-        """The worst-finding cell: "CRITICAL: title", else why there is none (the diagnosis failed,
-        the target is not up), else a dash."""
+        """The worst-finding cell: "CRITICAL: title"; "nothing above info" for a replica whose
+        diagnosis found only notes (an info title there read as the replica's trouble); else why
+        there is none (the diagnosis failed, the target is not up), else a dash."""
         worst = self.worst
-        if worst is not None:
+        if worst is not None and worst.severity != "info":
             return f"{worst.severity.upper()}: {worst.title}"
+        if worst is not None:
+            return "nothing above info"
         return self.error or self.detail or "—"
 
     @property
