@@ -119,3 +119,13 @@ def test_past_the_line_the_page_says_to_use_prometheus() -> None:
     assert not at.exception
     assert len(at.dataframe[0].value) == 21
     assert any("21 servers: past 20" in w.value and "Prometheus" in w.value for w in at.warning)
+
+
+def test_at_the_line_twenty_servers_get_no_warning() -> None:
+    """20 is the line the README states: 20 servers are listed without the warning (a sceptic's
+    mutation to warn at 20 passed the 21-server test alone)."""
+    many = {f"s{i}": f"http://127.0.0.{i}:9" for i in range(1, 21)}  # 20 servers, none there
+    at = app("pages/6_Fleet.py", many).run()
+    assert not at.exception
+    assert len(at.dataframe[0].value) == 20
+    assert not any("past 20" in w.value for w in at.warning)

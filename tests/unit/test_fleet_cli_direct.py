@@ -115,3 +115,12 @@ def test_a_down_url_is_its_own_row(tmp_path: Path, servers: list[tuple[str, list
 def test_usage_errors(tmp_path: Path, args: tuple[str, ...], why: str) -> None:
     out = fleet_cli(tmp_path, {}, *args, "--seconds", "1")
     assert out.returncode == 2 and why in out.stderr, out.stderr
+
+
+def test_the_same_server_given_twice_is_one_row(tmp_path: Path, servers: list[tuple[str, list[str | None]]]) -> None:
+    """``--url A --url A/``: one server, one collector, one row (a sceptic's mutation that stopped
+    removing duplicates passed every other test)."""
+    (a, _), _, _, _ = servers
+    out = fleet_cli(tmp_path, {}, "--url", a, "--url", a + "/", "--seconds", "1.5", "--json")
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["instances"]) == 1
