@@ -25,6 +25,7 @@ from diagnostics.core.diagnosis.data_parallel import (
 )
 from diagnostics.core.diagnosis.latency import ItlProfile, itl_profile, large_step
 from diagnostics.core.diagnosis.logs import LogFacts, parse_log
+from diagnostics.core.diagnosis.outcomes import Outcomes, outcomes_of
 from diagnostics.core.diagnosis.types import Budgets, KnownFlags, Thresholds
 from diagnostics.core.metrics.catalog import Histogram, Snapshot
 from diagnostics.core.metrics.derive import Scrape, counter_step, histogram_step, merge_histograms, restarted
@@ -103,6 +104,8 @@ class Context:
     # rule keeps those lasting as long as it needs (:meth:`skews_lasting`).
     load_skews: tuple[LoadSkew, ...]
     slow_ranks: tuple[SlowRank, ...]
+    # What became of the window's requests (failed, refused, given up, cut at the context limit).
+    outcomes: Outcomes
     # The running gauge read 0 at the end of most intervals in which tokens were generated (vLLM 0.32's
     # per-engine gauges under data parallelism on a busy host): the gauge rules cannot see a queue, so
     # the queue rules also judge from the per-request histograms (:func:`gauges_blind`).
@@ -136,13 +139,14 @@ def prepare(
     log = parse_log(log_text) if log_text is not None else None  # an empty log is said to be empty
     config = ok[-1][1].cache_config if ok else None
     intervals = tuple(_interval(a, b) for a, b in zip(ok, ok[1:]))
+    flags = KnownFlags.known(config, info, log, **flag_overrides)
     rows = [(iv.start, iv.end, iv.itl, iv.iteration_tokens, iv.num_requests_running or 0.0, _computed_prefill(iv))
             for iv in intervals]
     return Context(
         history=scrapes,
         ok=ok,
         log=log,
-        flags=KnownFlags.known(config, info, log, **flag_overrides),
+        flags=flags,
         budgets=budgets,
         thresholds=thresholds,
         info=info,
@@ -153,6 +157,7 @@ def prepare(
         silent_ranks=tuple(silent_ranks(ok, thresholds.hung_rank_min_seconds, thresholds.hung_rank_peer_batch)),
         load_skews=tuple(load_skews(ok, 0.0, thresholds.kv_full_perc, thresholds.skew_kv_gap)),
         slow_ranks=tuple(slow_ranks(ok, thresholds.slow_rank_window_seconds, thresholds.slow_rank_max_ratio)),
+        outcomes=outcomes_of(ok, flags.max_model_len),
         gauges_blind=gauges_blind(intervals, thresholds),
         gpus=tuple(gpus),
     )

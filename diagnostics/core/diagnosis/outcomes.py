@@ -28,11 +28,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.metrics.catalog import Histogram, Snapshot
 from diagnostics.core.metrics.derive import Scrape, counter_step, histogram_step, restarted
+
+if TYPE_CHECKING:  # the context holds the window's outcomes, computed once by prepare()
+    from diagnostics.core.diagnosis.context import Context
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,5 +282,6 @@ def window_outcomes(scrapes: Sequence[Scrape], max_model_len: int | None) -> Out
 
 
 def outcomes(ctx: Context) -> Outcomes:
-    """The outcomes of the context's window, judged against the server's known ``--max-model-len``."""
-    return outcomes_of(ctx.ok, ctx.flags.max_model_len)
+    """The outcomes of the context's window, judged against the server's known ``--max-model-len``
+    (computed once, when the context was prepared: every outcome rule and the pages read the same)."""
+    return ctx.outcomes
