@@ -56,8 +56,7 @@ def test_a_recording_replayed_through_the_store_gives_the_same_findings(name: st
                                   "hung_rank_dp2.jsonl.gz"])
 def test_a_stored_range_saved_as_a_recording_diagnoses_the_same(name: str, tmp_path: Path) -> None:
     path = HERE / name
-    if not path.exists():
-        pytest.skip(f"{name} is not in the corpus")
+    assert path.exists(), f"{name} is a committed corpus recording and must be there"
     target, scrapes, info = _stored(path, tmp_path)
     again = read_recording(encode_recording(target.recent_records()))
     assert again.info() == info
