@@ -75,7 +75,7 @@ class _BurstEvents:
         self.scrapes = len(snaps)
         self.real = [(self.counted(snap, "generation_tokens") / self.TOTAL_TOKENS, snap) for snap in snaps]
         self.onset = self.first(lambda s: self.counted(s, "num_preemptions") > 0)
-        self.full = self.first(lambda s: (s.value("kv_cache_usage_perc") or 0) >= 0.99)
+        self.full = self.pool_filled()
         self.preemptions = self.counted(snaps[-1], "num_preemptions")
         hist, start = snaps[-1].histogram("iteration_tokens"), self.base.histogram("iteration_tokens")
         self.steps = (hist.count if hist else 0) - (start.count if start else 0)  # one per engine step
@@ -91,6 +91,25 @@ class _BurstEvents:
                 return before, progress
             before = progress
         raise AssertionError(f"the real server never showed it in {len(self.real)} scrapes")
+
+    def pool_filled(self) -> tuple[float, float]:
+        """When the block pool first filled, as the scrapes bracket it. The usage gauge is not
+        monotone — a preemption hands blocks back — so a scrape reading below full is no proof that
+        the pool had not filled before it (a slow /metrics answer first seen at 22 % of the burst read
+        91 % with 25 requests waiting, just after the pool had been full and preempted). Proof either
+        way: the pool was full by the first scrape that reads it full, or that counts a preemption
+        (vLLM preempts only when no block is free); it had not filled by a scrape that reads it below
+        full with no request waiting and none preempted yet (nothing finishes this early in the burst,
+        so blocks were only ever taken; and with 128 seats and a 2,048-token budget for 10-token
+        prompts, a request waits past a step only for a block). A scrape with requests waiting
+        proves nothing and widens the bracket."""
+        before, _ = self.real[0]
+        for progress, snap in self.real:
+            if (snap.value("kv_cache_usage_perc") or 0) >= 0.99 or self.counted(snap, "num_preemptions") > 0:
+                return before, progress
+            if not snap.value("num_requests_waiting"):
+                before = progress
+        raise AssertionError(f"the real server never showed its pool full in {len(self.real)} scrapes")
 
     @property
     def widest(self) -> float:
