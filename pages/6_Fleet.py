@@ -23,17 +23,17 @@ source = fleet_view.pick_source(config)
 
 
 def table(rows: list[FleetRow], found: list[FleetFinding], marked: list[Outlier], link_to: fleet_view.LinkTo,
-          quiet: str) -> None:
+          quiet: str, names: Mapping[str, str] | None = None) -> None:
     """The shared findings, the table with its tinted cells and links, and why each cell is tinted."""
     for finding in found:
         (st.error if finding.severity == "critical" else st.warning)(md_escape(finding.text))
     if not found:
         st.success(quiet)
-    df = fleet_view.frame(rows, link_to)
+    df = fleet_view.frame(rows, link_to, names)
     st.dataframe(fleet_view.styled(df, marked), column_config=fleet_view.column_config(),
-                 hide_index=True, use_container_width=True)
+                 hide_index=True, use_container_width=True, placeholder="—")  # a down row: no number, not "None"
     if marked:
-        with st.expander(f"Why cells are highlighted ({len({o.instance for o in marked})} replicas)"):
+        with st.expander(f"Why cells are highlighted ({len({o.instance for o in marked})} servers)"):
             for o in marked:
                 st.markdown(f"- `{md_escape(o.instance)}` · {md_escape(o.key)}: {md_escape(o.why)}")
 
@@ -74,7 +74,7 @@ def direct_page() -> None:
         report = fleet_view.direct_report(picked, range_s, itl, ttft, fleet_view.tick(every))
         table(report.rows, report.findings, report.outliers, lambda page, row: fleet_view.direct_link(
             page, report.names.get(row.instance, row.instance)), f"No server needs action over the last "
-              f"{state.get(state.DIRECT_RANGE)}.")
+              f"{state.get(state.DIRECT_RANGE)}.", report.names)
         st.caption(f"{len(report.rows)} servers scraped directly, one collector each, every "
                    f"{report.interval_s:g} s · no Prometheus · table every {every} s · as of "
                    f"{fmt_when(report.end)}")
@@ -143,7 +143,7 @@ def gpu_section(joined: Mapping[str, GpuJoin]) -> None:
             if device.throttles:
                 st.warning(f"{md_escape(instance)} · {md_escape(device.label)} throttled: "
                            f"{md_escape(', '.join(clock_event_names(device.throttles)))} (no vLLM flag fixes this).")
-    st.dataframe(fleet_view.gpu_frame(joined), hide_index=True, width="stretch", key="fleet-gpus")
+    st.dataframe(fleet_view.gpu_frame(joined), hide_index=True, width="stretch", key="fleet-gpus", placeholder="—")
     st.caption("Joined by pod when dcgm-exporter maps GPUs to pods and the vLLM target carries `pod` labels, else "
                "by host: every GPU of the node an instance runs on.")
 

@@ -121,12 +121,15 @@ def direct_link(page: str, name: str) -> str:
     return f"/{page}?{urlencode({'target': name})}"
 
 
-def frame(rows: list[FleetRow], link_to: Callable[[str, FleetRow], str]) -> pd.DataFrame:
+def frame(rows: list[FleetRow], link_to: Callable[[str, FleetRow], str],
+          names: Mapping[str, str] | None = None) -> pd.DataFrame:
     """One row per instance, numbers in the units a person reads (%, ms, per second);
-    ``link_to(page, row)`` is the row's link to that page."""
+    ``link_to(page, row)`` is the row's link to that page; ``names`` (the configured targets' names,
+    by instance) puts the name the engineer gave each server first."""
     records: list[dict[str, Any]] = []
     for row in rows:
         rec: dict[str, Any] = {
+            **({"name": names.get(row.instance, "—")} if names is not None else {}),
             "instance": row.instance,
             "live": link_to("Live", row),
             "diagnose": link_to("Diagnose", row),
@@ -163,6 +166,7 @@ def gpu_frame(joined: Mapping[str, GpuJoin]) -> pd.DataFrame:
 
 def column_config() -> dict[str, Any]:
     config: dict[str, Any] = {
+        "name": st.column_config.TextColumn("name", help="the target's name in the configuration ([targets])"),
         "instance": st.column_config.TextColumn("instance"),
         "live": st.column_config.LinkColumn("Live", display_text="open ↗", help="this instance's charts, via Prometheus"),
         "diagnose": st.column_config.LinkColumn("Diagnose", display_text="open ↗"),

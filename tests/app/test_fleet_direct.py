@@ -77,6 +77,9 @@ def test_the_fleet_lists_each_configured_target_with_its_state(targets: dict[str
     rows = {name: df.iloc[i] for i, name in enumerate(targets)}
     assert rows["vllm"]["up"] == "up" and rows["gone"]["up"] == "DOWN" and rows["portal"]["up"] == "NOT vLLM"
     assert rows["vllm"]["instance"] == targets["vllm"].removeprefix("http://")
+    assert list(df.columns)[0] == "name" and list(df["name"]) == list(targets)  # the configured names lead each row
+    # A down server has no KV usage: the cell is missing, and the table draws it as a dash, not "None".
+    assert df["kv_cache_usage_perc"].isna()[list(targets).index("gone")] and at.dataframe[0].proto.placeholder == "—"
     assert rows["vllm"]["num_requests_running"] > 0  # the recorded payload's burst is running
     assert rows["portal"]["worst finding"].startswith("CRITICAL: Answers, but not as a vLLM server")
     assert rows["gone"]["worst finding"].startswith("CRITICAL: Server unreachable")

@@ -54,7 +54,7 @@ def test_fleet_page_lists_both_and_opens_an_instance(
     url, prom, real, sim = fleet
     load.completions(vllm_main.url, 8, max_tokens=64)  # the real server has served something
     page.goto(url + "/Fleet")
-    expect(page.get_by_text("1 of 2 replicas: KV cache full and preempting").first).to_be_visible(timeout=60_000)
+    expect(page.get_by_text("1 of 2 servers: KV cache full and preempting").first).to_be_visible(timeout=60_000)
     expect(page.locator('[role="gridcell"]').filter(has_text=re.compile(f"^{re.escape(real)}$"))).to_have_count(1)
     sim_row, real_row = grid_row(page, sim), grid_row(page, real)
     assert sim_row[3] == "up" and real_row[3] == "up"

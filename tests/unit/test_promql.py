@@ -140,8 +140,15 @@ def test_fleet_findings_group_replicas_and_skip_info() -> None:
     assert [f.id for f in found] == ["down", "silent_stall", "kv_pressure"]  # critical first, then by count
     kv = found[-1]
     assert kv.instances == ("a", "b")
-    assert kv.text == "2 of 4 replicas: KV cache full and preempting; all on model m"
-    assert found[1].text == "1 of 4 replicas: stalled (requests running, no tokens); on model other"
+    # Two models in the fleet: its members are servers, not replicas of one another.
+    assert kv.text == "2 of 4 servers: KV cache full and preempting; all on model m"
+    assert found[1].text == "1 of 4 servers: stalled (requests running, no tokens); on model other"
+
+
+def test_a_fleet_of_one_model_is_counted_in_replicas() -> None:
+    fleet = [row("a", findings=(finding("kv_pressure"),)), row("b"), row("c", model=None, up=False)]  # c: down, model unknown
+    assert [f.text for f in fleet_findings(fleet)] == [
+        "1 of 3 replicas: down", "1 of 3 replicas: KV cache full and preempting; on model m"]
 
 
 def _selected(query: str, name: str) -> bool:

@@ -657,6 +657,18 @@ def test_the_outage_rule_reads_the_error_kind_never_the_message(kind: ErrorKind,
     assert found[0].id == "scrapes_slow" or found[0].evidence["errors"] == [message]  # the words are kept for people
 
 
+def test_timeouts_among_answers_that_are_not_vllm_still_say_not_vllm() -> None:
+    """A busy host let one scrape of a login page time out between two answers of HTML: the
+    episode is still a port that answers, but not as vLLM (CI's rehearsal called it unreachable)."""
+    for kind, said in ((ErrorKind.NOT_VLLM, "Answers, but not as a vLLM server"),
+                       (ErrorKind.BAD_PAYLOAD, "/metrics answers what cannot be read")):
+        history = steady(5) + [down(5.0, kind), down(6.0, TIMEOUT), down(7.0, kind)]
+        found = [f for f in diagnose(prepare(history)) if f.id == "server_down"]
+        assert len(found) == 1 and found[0].title.startswith(said + " since"), found
+    gone = steady(5) + [down(5.0, TIMEOUT), down(6.0, TIMEOUT)]  # only timeouts, still going: an outage
+    assert [f.title for f in diagnose(prepare(gone)) if f.id == "server_down"][0].startswith("Server unreachable")
+
+
 _LAB = 'engine="0",model_name="m"'
 
 

@@ -162,7 +162,8 @@ class FleetFinding:
     title: str
     instances: tuple[str, ...]
     models: tuple[str, ...]
-    total: int  # replicas in the fleet
+    total: int  # servers in the fleet
+    replicas: bool = True  # every server of the fleet serves one model (else they are "servers", not replicas)
 
     @property
     def text(self) -> str:
@@ -172,7 +173,7 @@ class FleetFinding:
             where = f"; {'all ' if n > 1 else ''}on model {self.models[0]}"
         elif self.models:
             where = f"; on {len(self.models)} models ({', '.join(self.models)})"
-        return f"{n} of {self.total} replicas: {self.title}{where}"
+        return f"{n} of {self.total} {'replicas' if self.replicas else 'servers'}: {self.title}{where}"
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "severity": self.severity, "title": self.title, "instances": list(self.instances),
@@ -209,12 +210,13 @@ def fleet_findings(fleet: Sequence[FleetRow]) -> list[FleetFinding]:
                 continue  # down now: said once, as "down"
             groups.setdefault(f.id, []).append((row, f))
     out = []
+    replicas = len({row.model for row in fleet if row.model}) <= 1
     for fid, members in groups.items():
         first = next((f for _, f in members if f is not None), None)
         severity = "critical" if fid == "down" else first.severity if first else "info"
         title = _SHORT.get(fid) or (first.title if first else fid)
         instances = tuple(sorted({r.instance for r, _ in members}))
         models = tuple(sorted({r.model for r, _ in members if r.model}))
-        out.append(FleetFinding(fid, severity, title, instances, models, len(fleet)))
+        out.append(FleetFinding(fid, severity, title, instances, models, len(fleet), replicas))
     out.sort(key=lambda g: (SEVERITY_ORDER.get(g.severity, 3), -len(g.instances), g.id))
     return out

@@ -70,8 +70,10 @@ def outage(ctx: Context) -> list[Finding]:
 
 def _what_failed(failed: list[Scrape], engine_dead: bool) -> str:
     """What the failed scrapes say, by kind: a dead engine, an answer that is not vLLM's metrics
-    (another service on the port, a proxy's page) or cannot be read, else unreachable."""
-    kinds = {s.error_kind for s in failed}
+    (another service on the port, a proxy's page) or cannot be read, else unreachable. Timeouts
+    among the answers do not change what the answers said: a login page that is slow to answer
+    under load is still not vLLM."""
+    kinds = {s.error_kind for s in failed} - {ErrorKind.TIMEOUT}
     if engine_dead:
         return "Engine dead (/health 503)"
     if kinds == {ErrorKind.NOT_VLLM}:
