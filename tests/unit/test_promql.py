@@ -149,6 +149,9 @@ def test_a_fleet_of_one_model_is_counted_in_replicas() -> None:
     fleet = [row("a", findings=(finding("kv_pressure"),)), row("b"), row("c", model=None, up=False)]  # c: down, model unknown
     assert [f.text for f in fleet_findings(fleet)] == [
         "1 of 3 replicas: down", "1 of 3 replicas: KV cache full and preempting; on model m"]
+    # A server of another model, quiet itself, still makes the fleet one of servers, not replicas.
+    mixed = fleet + [row("e", model="other")]
+    assert [f.text for f in fleet_findings(mixed)][0] == "1 of 4 servers: down"
 
 
 def _selected(query: str, name: str) -> bool:

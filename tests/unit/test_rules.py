@@ -666,6 +666,8 @@ def test_timeouts_among_answers_that_are_not_vllm_still_say_not_vllm() -> None:
         found = [f for f in diagnose(prepare(history)) if f.id == "server_down"]
         assert len(found) == 1 and found[0].title.startswith(said + " since"), found
     gone = steady(5) + [down(5.0, TIMEOUT), down(6.0, TIMEOUT)]  # only timeouts, still going: an outage
+    left = steady(5) + [down(5.0, ErrorKind.NOT_VLLM), down(6.0)]  # the page answered, then nothing did
+    assert [f.title for f in diagnose(prepare(left)) if f.id == "server_down"][0].startswith("Server unreachable")
     assert [f.title for f in diagnose(prepare(gone)) if f.id == "server_down"][0].startswith("Server unreachable")
 
 
