@@ -9,10 +9,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.integration import load
 from tests.integration.recorded import record_while
 from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_model
+
+# Hypothesis's default 200 ms deadline per example is a wall-clock bound: on a busy machine a
+# correct property fails. Properties here are judged on their answers, never on their speed.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL_PAYLOADS = ("metrics-0.32.0-burst.txt", "metrics-0.32.0-burst-small.txt", "metrics-0.32.0-idle.txt")

@@ -9,13 +9,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Page, expect
 
+from tests.conftest import wait_for
 from tests.e2e.conftest import new_page
 from tests.e2e.streamlit_app import streamlit_app
 from tests.e2e.test_browser import shoot
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def diagnose_shows(page: Page, url: str, text: str) -> bool:
+    """Whether the page at ``url``, opened anew, shows ``text`` within ten seconds."""
+    page.goto(url)
+    try:
+        expect(page.get_by_text(text).first).to_be_visible(timeout=10_000)
+    except AssertionError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +48,10 @@ def test_no_url_shows_the_simulation_and_a_scenario_symptom_then_its_knob(browse
         expect(page.get_by_text("KV cache full, requests preempted").first).to_be_visible()
         page.goto(bare_app + "/Live")
         expect(page.get_by_text("KV-cache block usage").first).to_be_visible()
-        page.wait_for_timeout(25_000)
         shoot(page, "simulated-kv-pressure-live.png")
-        page.goto(bare_app + "/Diagnose")
-        expect(page.get_by_text("KV-cache pressure").first).to_be_visible(timeout=90_000)
+        # The Diagnose page judges the window it opens on (it does not refresh itself): open it again
+        # until the window holds the symptom, as a user would, for as long as a slow machine needs.
+        assert wait_for(lambda: diagnose_shows(page, bare_app + "/Diagnose", "KV-cache pressure"), timeout=180, step=0)
         expect(page.get_by_text("kv_pressure", exact=True).first).to_be_visible()
         # The suggested change carries its predicted effect (the simulated engine replaying the window).
         expect(page.get_by_text("Predicted:").first).to_be_visible()
@@ -63,7 +74,8 @@ def test_the_gpu_panel_shows_the_simulated_gpu_and_its_thermal_throttle(browser:
         expect(page.get_by_text("GPU health").first).to_be_visible()
         expect(page.get_by_text("is throttled now").first).to_be_visible()
         expect(page.get_by_text("SM clock (dotted: its maximum").first).to_be_visible()
-        page.wait_for_timeout(20_000)  # twenty readings on the charts
+        if os.environ.get("SCREENSHOTS_INTO_DOCS") == "1":
+            page.wait_for_timeout(20_000)  # twenty readings on the charts for the picture
         shoot(page, "simulated-gpu-throttled-live.png")
     finally:
         page.close()

@@ -85,6 +85,9 @@ def test_fleet_cli_lists_both_instances(live: tuple[PrometheusServer, str, str])
     assert text.returncode == 0 and real in text.stdout and sim in text.stdout
 
 
+PROMETHEUS_SCRAPE_TIMEOUT_S = 1.0  # prometheus_server.py's scrape_timeout
+
+
 def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[PrometheusServer, str, str]) -> None:
     prom, real, _ = live
     direct = Collector(VllmClient(vllm_tiny.url), interval_seconds=0.25).start()
@@ -105,18 +108,20 @@ def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[Pr
     moving = stable = 0
     disagreed: list[tuple[str, float | None, float | None]] = []
     for scrape in history:
-        # One Prometheus scrape interval, plus the time a busy server takes to answer: Prometheus
-        # stamps a scrape when it starts, the collector when the answer is in.
-        near = [s.snapshot for s in seen if -1.5 <= s.ts - scrape.ts <= 1.5]
-        assert near
         snap = scrape.snapshot
         assert snap is not None
-        # A counter only grows: Prometheus's value lies between what the direct scrapes saw around it.
+        # A counter only grows: Prometheus's value lies between the direct scrape stamped last before
+        # Prometheus's scrape began (read before that stamp) and the first direct scrape that began
+        # after Prometheus's had ended (the collector reads one scrape after another, so a scrape
+        # began once the one before it was stamped; Prometheus gives up after its 1 s timeout). Not a
+        # fixed window: a starved collector can leave a gap of seconds between its scrapes.
+        lower = [s.snapshot for s in seen if s.ts <= scrape.ts]
+        upper = [b.snapshot for a, b in zip(seen, seen[1:]) if a.ts >= scrape.ts + PROMETHEUS_SCRAPE_TIMEOUT_S]
+        assert lower and upper, "the direct collector ran from before to after the window"
         for concept in ("generation_tokens", "prompt_tokens", "num_preemptions"):
-            value, around = snap.value(concept), [n.value(concept) or 0.0 for n in near]
-            assert value is not None and min(around) <= value <= max(around), (concept, value, around)
-        gen = [n.value("generation_tokens") or 0.0 for n in near]
-        moving += min(gen) < max(gen)
+            value, low, high = snap.value(concept), lower[-1].value(concept) or 0.0, upper[0].value(concept) or 0.0
+            assert value is not None and low <= value <= high, (concept, low, value, high)
+        moving += (lower[-1].value("generation_tokens") or 0.0) < (upper[0].value("generation_tokens") or 0.0)
         # A gauge can spike between two samples of either scraper: compared where it held still
         # for the direct scrapes within a second either side. Even there it can dip between them
         # (CI saw KV usage at 0.82 once while eight direct samples read 1.0: 12 blocks and preemption
@@ -128,7 +133,8 @@ def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[Pr
                 if snap.value(concept) != around[0]:
                     disagreed.append((concept, snap.value(concept), around[0]))
     assert moving >= 2, "the burst never showed between two direct scrapes"
-    print(f"agreement: {len(history)} Prometheus scrapes, {moving} in motion, {stable} gauge comparisons, "
+    gap = max(b.ts - a.ts for a, b in zip(seen, seen[1:]))
+    print(f"agreement: {len(seen)} direct scrapes (longest gap {gap:.1f} s), {len(history)} Prometheus scrapes, {moving} in motion, {stable} gauge comparisons, "
           f"{len(disagreed)} disagreed: {disagreed}")
     agreed = stable - len(disagreed)
     assert agreed >= 4, "no gauge held still long enough to compare"
