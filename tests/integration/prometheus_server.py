@@ -31,6 +31,9 @@ def binaries() -> tuple[str, str]:
     return prometheus, promtool
 
 
+SCRAPE_TIMEOUT_S = 1.0  # how long Prometheus waits for a target's answer before it gives up the scrape
+
+
 class PrometheusServer:
     """``prometheus`` with its own data dir; ``targets`` are ``host:port`` scraped every second under
     ``job="vllm"``."""
@@ -51,7 +54,7 @@ class PrometheusServer:
         prometheus, _ = binaries()
         config = self.dir / "prometheus.yml"
         config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+            f"global:\n  scrape_interval: 1s\n  scrape_timeout: {SCRAPE_TIMEOUT_S:g}s\n"
             "scrape_configs:\n  - job_name: vllm\n    static_configs:\n"
             f"      - targets: {json.dumps(self.targets)}\n"
             + "".join(f"  - job_name: {name}\n    metrics_path: {path}\n    static_configs:\n"

@@ -32,7 +32,7 @@ from diagnostics.sources.prometheus import PrometheusClient
 from diagnostics.sources.vllm_http import VllmClient
 from tests.fixtures.incidents import corpus
 from tests.integration import load
-from tests.integration.prometheus_server import PrometheusServer, Scrapes, backfill, recording_span
+from tests.integration.prometheus_server import SCRAPE_TIMEOUT_S, PrometheusServer, Scrapes, backfill, recording_span
 from tests.integration.vllm_server import SERVED_NAME, VllmServer
 
 pytestmark = pytest.mark.integration
@@ -85,9 +85,6 @@ def test_fleet_cli_lists_both_instances(live: tuple[PrometheusServer, str, str])
     assert text.returncode == 0 and real in text.stdout and sim in text.stdout
 
 
-PROMETHEUS_SCRAPE_TIMEOUT_S = 1.0  # prometheus_server.py's scrape_timeout
-
-
 def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[PrometheusServer, str, str]) -> None:
     prom, real, _ = live
     direct = Collector(VllmClient(vllm_tiny.url), interval_seconds=0.25).start()
@@ -115,13 +112,13 @@ def test_numbers_agree_with_direct_scrapes(vllm_tiny: VllmServer, live: tuple[Pr
         # after Prometheus's had ended (the collector reads one scrape after another, so a scrape
         # began once the one before it was stamped; Prometheus gives up after its 1 s timeout). Not a
         # fixed window: a starved collector can leave a gap of seconds between its scrapes.
-        lower = [s.snapshot for s in seen if s.ts <= scrape.ts]
-        upper = [b.snapshot for a, b in zip(seen, seen[1:]) if a.ts >= scrape.ts + PROMETHEUS_SCRAPE_TIMEOUT_S]
-        assert lower and upper, "the direct collector ran from before to after the window"
+        before = next((s.snapshot for s in reversed(seen) if s.ts <= scrape.ts), None)
+        after = next((b.snapshot for a, b in zip(seen, seen[1:]) if a.ts >= scrape.ts + SCRAPE_TIMEOUT_S), None)
+        assert before is not None and after is not None, "the direct collector ran from before to after the window"
         for concept in ("generation_tokens", "prompt_tokens", "num_preemptions"):
-            value, low, high = snap.value(concept), lower[-1].value(concept) or 0.0, upper[0].value(concept) or 0.0
+            value, low, high = snap.value(concept), before.value(concept) or 0.0, after.value(concept) or 0.0
             assert value is not None and low <= value <= high, (concept, low, value, high)
-        moving += (lower[-1].value("generation_tokens") or 0.0) < (upper[0].value("generation_tokens") or 0.0)
+        moving += (before.value("generation_tokens") or 0.0) < (after.value("generation_tokens") or 0.0)
         # A gauge can spike between two samples of either scraper: compared where it held still
         # for the direct scrapes within a second either side. Even there it can dip between them
         # (CI saw KV usage at 0.82 once while eight direct samples read 1.0: 12 blocks and preemption
