@@ -26,6 +26,7 @@ from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario
 from diagnostics.core.simulator.scheduler import SimEngine
+from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
 from tests.unit.synth import down, scrape
 
@@ -560,6 +561,66 @@ def test_more_seconds_without_tokens_than_one_step_can_take_is_a_stall_even_if_a
         gen = 100 * min(t, 2) + (100 if t >= 15 else 0)
         history.append(scrape(float(t), gen=gen, running=16, step_counts=steps))
     assert "silent_stall" in ids(diagnose(prepare(history)))
+
+
+def _long_steps(silences: list[int]) -> list:  # type: ignore[type-arg]
+    """16 running; each silence (seconds) ends in one step of (1024, 2048] tokens with 1,800 prompt
+    tokens computed, then 3 s of decode."""
+    history, steps, t, gen, prompt = [], [0.0] * STEP_SLOTS, 0, 0, 0
+    for silence in silences:
+        for _ in range(3):
+            history.append(scrape(float(t), gen=gen, running=16, step_counts=list(steps), prompt=prompt))
+            t, gen = t + 1, gen + 100
+        for _ in range(silence):
+            history.append(scrape(float(t), gen=gen, running=16, step_counts=list(steps), prompt=prompt))
+            t += 1
+        steps[9] += 1
+        prompt += 1800
+        gen += 16
+    history.append(scrape(float(t), gen=gen, running=16, step_counts=list(steps), prompt=prompt))
+    return history
+
+
+@pytest.mark.parametrize(("silences", "stalls"), [
+    ([16, 16, 18], []),  # every 1,800-token prefill takes 16-18 s: the device, not a hang
+    ([16, 17, 48], [48]),  # one of them three times slower per token: that one hung
+    ([16, 16], [16, 16]),  # two are not yet a pattern: over 10 s each is a stall
+    ([16], [16]),
+])
+def test_long_silences_ended_by_large_steps_are_prefills_only_when_the_device_repeats_them(
+    silences: list[int], stalls: list[int]
+) -> None:
+    """A busy CPU took 16-20 s for each 2 x 1,800-token prefill of the head-of-line test: more than
+    the 10 s any one step is allowed, but the same seconds per token every time. A hang is a one-off."""
+    found = [f for f in diagnose(prepare(_long_steps(silences))) if f.id == "silent_stall"]
+    # A silence of N scrapes is N - 1 seconds without tokens (from the first scrape that read none).
+    assert sorted(round(f.evidence["seconds_without_tokens"]) for f in found) == [s - 1 for s in stalls]
+
+
+def _stretched(scrapes: list, factor: float, start: float = float("-inf"), end: float = float("inf")) -> list:  # type: ignore[type-arg]
+    """The scrapes with the time between ``start`` and ``end`` made ``factor`` times longer."""
+    def at(ts: float) -> float:
+        if ts <= start:
+            return ts
+        return max(start, scrapes[0].ts) + factor * (min(ts, end) - max(start, scrapes[0].ts)) + max(0.0, ts - end)
+    return [replace(s, ts=at(s.ts)) for s in scrapes]
+
+
+def test_the_real_head_of_line_recording_on_a_device_four_times_slower_is_still_head_of_line() -> None:
+    """hol_long_prefills (each 1,900-token prefill silences the decoders 4-4.5 s) with time running
+    four times slower: silences of 16-18 s, as on the busy rehearsal host. Then one of them made a
+    40 s hang: that one is a stall."""
+    recording = read_recording(FIXTURES / "incidents" / "hol_long_prefills.jsonl.gz")
+    scrapes = list(recording.scrapes())
+    slow = _stretched(scrapes, 4.0)
+    findings = diagnose(prepare(slow, info=recording.info()))
+    assert ids(findings)[0] == "head_of_line_blocking" and "silent_stall" not in ids(findings)
+    ctx = prepare(scrapes, info=recording.info())
+    silent = [iv for iv in ctx.intervals if iv.generation_tokens == 0 and (iv.num_requests_running or 0) > 0]
+    hang_start, hang_end = silent[len(silent) // 2].start, silent[len(silent) // 2].end
+    hung = _stretched(_stretched(scrapes, 10.0, hang_start, hang_end), 4.0)
+    stalls = [f for f in diagnose(prepare(hung, info=recording.info())) if f.id == "silent_stall"]
+    assert len(stalls) == 1 and stalls[0].evidence["seconds_without_tokens"] > 30
 
 
 def _ttft_history(ttft_bucket: int, queue_s: float, prefill_s: float, usage: float) -> list:  # type: ignore[type-arg]

@@ -250,22 +250,38 @@ def _stalls(intervals: Sequence[Interval], t: Thresholds) -> tuple[Stall, ...]:
     A run that ends in an interval carrying a large engine step was one long prefill step, not a
     stall: vLLM updates its counters when a step finishes, so a step of thousands of prompt tokens
     on a slow device looks like seconds without tokens, then resumes. That is head-of-line blocking
-    (the latency profile sees it), and "dump the stacks and restart" would be the wrong advice. No
-    single step plausibly lasts longer than ``long_step_max_seconds``: a longer run is a stall even
-    when queued long prompts are prefilled as it ends."""
+    (the latency profile sees it), and "dump the stacks and restart" would be the wrong advice.
+
+    How long one step may take depends on the device: up to ``long_step_max_seconds`` it is taken
+    as a step on any device. A longer run is a long step only when the window shows the device
+    doing it again and again: at least ``long_step_repeats`` runs ended by large steps, this one
+    taking no more seconds per prefilled token than ``long_step_rate_factor`` times their median
+    (a busy CPU that takes 16 s for every 3,600-token prefill). A hang is a one-off: a single long
+    run, or one far slower per token than the window's other long steps, is a stall even when
+    queued long prompts are prefilled as it ends."""
     # An engine put to sleep produces nothing by request: the sleep rule says so, not the stall rule.
     flagged = [(iv, (iv.num_requests_running or 0) > 0 and iv.generation_tokens == 0 and not iv.asleep)
                for iv in intervals]
     after = {a.end: b for a, b in zip(intervals, intervals[1:])}
-    out = []
+    runs = []
     for first, last in episodes([(iv.end, flag) for iv, flag in flagged]):
         run = [iv for iv, flag in flagged if flag and first <= iv.end <= last]
+        resumed = after.get(last)
+        step = resumed is not None and large_step(resumed.iteration_tokens, _computed_prefill(resumed), t)
+        # Seconds per prefilled token of the step that ended the run (its prompt tokens computed, at
+        # least the large-step threshold when the prompt counter says less).
+        per_token = (last - run[0].start) / max(_computed_prefill(resumed), t.hol_big_step_tokens) \
+            if step and resumed is not None else None
+        runs.append((run, last, per_token))
+    rates = sorted(r for _, _, r in runs if r is not None)
+    typical = rates[len(rates) // 2] if len(rates) >= t.long_step_repeats else None
+    out = []
+    for run, last, per_token in runs:
         began = run[0].start
         if last - began < t.stall_min_seconds or len(run) < t.stall_min_scrapes:
             continue
-        resumed = after.get(last)
-        if (resumed is not None and last - began <= t.long_step_max_seconds
-                and large_step(resumed.iteration_tokens, _computed_prefill(resumed), t)):
+        if per_token is not None and (last - began <= t.long_step_max_seconds or (
+                typical is not None and per_token <= t.long_step_rate_factor * typical)):
             continue
         out.append(Stall(began, last, len(run), max(iv.num_requests_running or 0 for iv in run)))
     return tuple(out)

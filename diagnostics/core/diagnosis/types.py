@@ -93,7 +93,9 @@ class Thresholds:
     admission_queued_share: float = 0.2
     stall_min_seconds: float = 5.0  # running > 0 and no new token for at least this long
     stall_min_scrapes: int = 3
-    long_step_max_seconds: float = 10.0  # no token for longer than this is a stall even if a large step ends it
+    long_step_max_seconds: float = 10.0  # no token for longer than this is a stall even if a large step ends it ...
+    long_step_repeats: int = 3  # ... unless this many silences in the window ended in large steps ...
+    long_step_rate_factor: float = 2.0  # ... and this one took at most this times their median seconds per token
     hol_spike_factor: float = 3.0  # an ITL observation this many times the window's median interval p50 ...
     hol_spike_floor_seconds: float = 0.100  # ... and above this (or the ITL budget) is a spike a user notices
     hol_tail_share: float = 0.01  # an interval whose share of spikes reaches this is a spike interval (its p99)
