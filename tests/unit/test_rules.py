@@ -563,9 +563,9 @@ def test_more_seconds_without_tokens_than_one_step_can_take_is_a_stall_even_if_a
     assert "silent_stall" in ids(diagnose(prepare(history)))
 
 
-def _long_steps(silences: list[int]) -> list:  # type: ignore[type-arg]
+def _long_steps(silences: list[int], trailing: int = 0) -> list:  # type: ignore[type-arg]
     """16 running; each silence (seconds) ends in one step of (1024, 2048] tokens with 1,800 prompt
-    tokens computed, then 3 s of decode."""
+    tokens computed, then 3 s of decode; then ``trailing`` more scrapes without a token."""
     history, steps, t, gen, prompt = [], [0.0] * STEP_SLOTS, 0, 0, 0
     for silence in silences:
         for _ in range(3):
@@ -577,7 +577,8 @@ def _long_steps(silences: list[int]) -> list:  # type: ignore[type-arg]
         steps[9] += 1
         prompt += 1800
         gen += 16
-    history.append(scrape(float(t), gen=gen, running=16, step_counts=list(steps), prompt=prompt))
+    for i in range(trailing + 1):
+        history.append(scrape(float(t + i), gen=gen, running=16, step_counts=list(steps), prompt=prompt))
     return history
 
 
@@ -595,6 +596,20 @@ def test_long_silences_ended_by_large_steps_are_prefills_only_when_the_device_re
     found = [f for f in diagnose(prepare(_long_steps(silences))) if f.id == "silent_stall"]
     # A silence of N scrapes is N - 1 seconds without tokens (from the first scrape that read none).
     assert sorted(round(f.evidence["seconds_without_tokens"]) for f in found) == [s - 1 for s in stalls]
+
+
+@pytest.mark.parametrize(("trailing", "stall"), [(30, False), (36, True)])
+def test_a_silence_the_window_ends_inside_is_a_stall_only_past_twice_the_windows_longest_prefill(
+    trailing: int, stall: bool
+) -> None:
+    """Attached while a long prefill runs on a host whose prefills silence tokens for up to 17 s:
+    30 s without a token so far is watched, not called a critical stall; 36 s (past 2 x 17) is one."""
+    findings = diagnose(prepare(_long_steps([16, 16, 18], trailing)))
+    assert ("silent_stall" in ids(findings)) == stall
+    if not stall:
+        watching = next(f for f in findings if f.id == "tokens_stopped")
+        assert watching.evidence["seconds_without_tokens"] == 30
+        assert "up to 17 s; a stall is called past 34 s" in watching.title, watching.title
 
 
 def _stretched(scrapes: list, factor: float, start: float = float("-inf"), end: float = float("inf")) -> list:  # type: ignore[type-arg]

@@ -82,6 +82,9 @@ class TokensStopped:
     since: float
     num_requests_running: float
     began_before_window: bool
+    # The longest silence of the window that ended in a large prefill step, when the window repeats
+    # them (see ``_stalls``): no stall is called before twice this.
+    long_step_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,8 @@ def prepare(
     config = ok[-1][1].cache_config if ok else None
     intervals = tuple(_interval(a, b) for a, b in zip(ok, ok[1:]))
     flags = KnownFlags.known(config, info, log, **flag_overrides)
+    silences = _silences(intervals, thresholds)
+    pattern = _long_steps(silences, thresholds)
     rows = [(iv.start, iv.end, iv.itl, iv.iteration_tokens, iv.num_requests_running or 0.0, _computed_prefill(iv))
             for iv in intervals]
     return Context(
@@ -151,8 +156,8 @@ def prepare(
         thresholds=thresholds,
         info=info,
         intervals=intervals,
-        stalls=_stalls(intervals, thresholds),
-        tokens_stopped=_tokens_stopped(intervals, thresholds),
+        stalls=_stalls(silences, pattern, thresholds),
+        tokens_stopped=_tokens_stopped(intervals, thresholds, pattern[1] if pattern is not None else None),
         itl=itl_profile(rows, merge_histograms([iv.prompt_len for iv in intervals]), budgets, thresholds),
         silent_ranks=tuple(silent_ranks(ok, thresholds.hung_rank_min_seconds, thresholds.hung_rank_peer_batch)),
         load_skews=tuple(load_skews(ok, 0.0, thresholds.kv_full_perc, thresholds.skew_kv_gap)),
@@ -243,47 +248,76 @@ def _histogram(a: Snapshot, b: Snapshot, concept: str) -> Histogram | None:
     return histogram_step(a, ha, b, hb) if ha is not None and hb is not None else None
 
 
-def _stalls(intervals: Sequence[Interval], t: Thresholds) -> tuple[Stall, ...]:
-    """Runs of intervals with requests running and no generation-token increase, kept when they
-    last ``stall_min_seconds`` and ``stall_min_scrapes``.
+@dataclass(frozen=True)
+class _Silence:
+    """A run of intervals with requests running and no generation-token increase."""
 
-    A run that ends in an interval carrying a large engine step was one long prefill step, not a
-    stall: vLLM updates its counters when a step finishes, so a step of thousands of prompt tokens
-    on a slow device looks like seconds without tokens, then resumes. That is head-of-line blocking
-    (the latency profile sees it), and "dump the stacks and restart" would be the wrong advice.
+    run: tuple[Interval, ...]
+    per_token: float | None  # seconds per prefilled token, when a large step ended it
+    ongoing: bool  # the window ends inside it
 
-    How long one step may take depends on the device: up to ``long_step_max_seconds`` it is taken
-    as a step on any device. A longer run is a long step only when the window shows the device
-    doing it again and again: at least ``long_step_repeats`` runs ended by large steps, this one
-    taking no more seconds per prefilled token than ``long_step_rate_factor`` times their median
-    (a busy CPU that takes 16 s for every 3,600-token prefill). A hang is a one-off: a single long
-    run, or one far slower per token than the window's other long steps, is a stall even when
-    queued long prompts are prefilled as it ends."""
+    @property
+    def seconds(self) -> float:
+        return self.run[-1].end - self.run[0].start
+
+
+def _silences(intervals: Sequence[Interval], t: Thresholds) -> list[_Silence]:
     # An engine put to sleep produces nothing by request: the sleep rule says so, not the stall rule.
     flagged = [(iv, (iv.num_requests_running or 0) > 0 and iv.generation_tokens == 0 and not iv.asleep)
                for iv in intervals]
     after = {a.end: b for a, b in zip(intervals, intervals[1:])}
-    runs = []
-    for first, last in episodes([(iv.end, flag) for iv, flag in flagged]):
-        run = [iv for iv, flag in flagged if flag and first <= iv.end <= last]
-        resumed = after.get(last)
-        step = resumed is not None and large_step(resumed.iteration_tokens, _computed_prefill(resumed), t)
-        # Seconds per prefilled token of the step that ended the run (its prompt tokens computed, at
-        # least the large-step threshold when the prompt counter says less).
-        per_token = (last - run[0].start) / max(_computed_prefill(resumed), t.hol_big_step_tokens) \
-            if step and resumed is not None else None
-        runs.append((run, last, per_token))
-    rates = sorted(r for _, _, r in runs if r is not None)
-    typical = rates[len(rates) // 2] if len(rates) >= t.long_step_repeats else None
     out = []
-    for run, last, per_token in runs:
-        began = run[0].start
-        if last - began < t.stall_min_seconds or len(run) < t.stall_min_scrapes:
+    for first, last in episodes([(iv.end, flag) for iv, flag in flagged]):
+        run = tuple(iv for iv, flag in flagged if flag and first <= iv.end <= last)
+        resumed = after.get(last)
+        per_token = None
+        if resumed is not None and large_step(resumed.iteration_tokens, _computed_prefill(resumed), t):
+            # The step's prompt tokens computed, at least the large-step threshold when the prompt
+            # counter says less.
+            per_token = (last - run[0].start) / max(_computed_prefill(resumed), t.hol_big_step_tokens)
+        out.append(_Silence(run, per_token, ongoing=resumed is None))
+    return out
+
+
+def _long_steps(silences: Sequence[_Silence], t: Thresholds) -> tuple[float, float] | None:
+    """The window's own pattern of long prefill steps: (median seconds per prefilled token, the
+    longest such silence), when at least ``long_step_repeats`` silences ended in a large step."""
+    ended = [s for s in silences if s.per_token is not None]
+    if len(ended) < t.long_step_repeats:
+        return None
+    rates = sorted(s.per_token for s in ended if s.per_token is not None)
+    return rates[len(rates) // 2], max(s.seconds for s in ended)
+
+
+def _stalls(silences: Sequence[_Silence], pattern: tuple[float, float] | None, t: Thresholds) -> tuple[Stall, ...]:
+    """The silences kept as stalls: at least ``stall_min_seconds`` and ``stall_min_scrapes`` long.
+
+    A silence that ends in an interval carrying a large engine step was one long prefill step, not
+    a stall: vLLM updates its counters when a step finishes, so a step of thousands of prompt tokens
+    on a slow device looks like seconds without tokens, then resumes. That is head-of-line blocking
+    (the latency profile sees it), and "dump the stacks and restart" would be the wrong advice.
+
+    How long one step may take depends on the device: up to ``long_step_max_seconds`` it is taken
+    as a step on any device. A longer one is a long step only when the window shows the device
+    doing it again and again (``pattern``: at least ``long_step_repeats`` silences ended by large
+    steps) and this one took no more seconds per prefilled token than ``long_step_rate_factor``
+    times their median (a busy CPU that takes 16 s for every 3,600-token prefill). A hang is a
+    one-off: a single long silence, or one far slower per token than the window's other long steps,
+    is a stall even when queued long prompts are prefilled as it ends. A silence the window ends
+    inside is not called a stall before it outlasts ``long_step_rate_factor`` times the window's
+    longest long step (meanwhile ``tokens_stopped`` watches it)."""
+    out = []
+    for silence in silences:
+        seconds = silence.seconds
+        if seconds < t.stall_min_seconds or len(silence.run) < t.stall_min_scrapes:
             continue
-        if per_token is not None and (last - began <= t.long_step_max_seconds or (
-                typical is not None and per_token <= t.long_step_rate_factor * typical)):
+        if silence.per_token is not None and (seconds <= t.long_step_max_seconds or (
+                pattern is not None and silence.per_token <= t.long_step_rate_factor * pattern[0])):
             continue
-        out.append(Stall(began, last, len(run), max(iv.num_requests_running or 0 for iv in run)))
+        if silence.ongoing and pattern is not None and seconds <= t.long_step_rate_factor * pattern[1]:
+            continue
+        out.append(Stall(silence.run[0].start, silence.run[-1].end, len(silence.run),
+                         max(iv.num_requests_running or 0 for iv in silence.run)))
     return tuple(out)
 
 
@@ -292,7 +326,8 @@ def _computed_prefill(iv: Interval) -> float:
     return max(0.0, (iv.prompt_tokens or 0.0) - (iv.prefix_cache_hits or 0.0))
 
 
-def _tokens_stopped(intervals: Sequence[Interval], t: Thresholds) -> TokensStopped | None:
+def _tokens_stopped(intervals: Sequence[Interval], t: Thresholds,
+                    long_step_seconds: float | None) -> TokensStopped | None:
     """The trailing run of intervals with requests running and no progress at all: no generated
     token, no prompt token computed, no preemption (an engine recomputing preempted requests is
     busy, not stopped, and its KV pressure is real)."""
@@ -309,4 +344,4 @@ def _tokens_stopped(intervals: Sequence[Interval], t: Thresholds) -> TokensStopp
     if end - since < t.tokens_stopped_min_seconds:
         return None
     return TokensStopped(end - since, since, max(iv.num_requests_running or 0 for iv in run),
-                         began_before_window=len(run) == len(intervals))
+                         began_before_window=len(run) == len(intervals), long_step_seconds=long_step_seconds)

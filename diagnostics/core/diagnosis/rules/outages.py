@@ -140,13 +140,20 @@ def tokens_stopped(ctx: Context) -> list[Finding]:
     if stopped is None or any(s.end >= stopped.since + stopped.seconds for s in ctx.stalls):
         return []
     at_least = "at least " if stopped.began_before_window else ""
+    t = ctx.thresholds
+    if stopped.long_step_seconds is not None and stopped.seconds >= t.stall_min_seconds:
+        # Not a stall yet because this window's long prefill steps silenced tokens as long (see _stalls).
+        called = (f"this window's long prefills each stopped tokens for up to {fmt_duration(stopped.long_step_seconds)}"
+                  f"; a stall is called past {fmt_duration(t.long_step_rate_factor * stopped.long_step_seconds)}")
+    else:
+        called = f"a stall is called after {fmt_duration(t.stall_min_seconds)}"
     return [Finding(
         id="tokens_stopped", severity="info",
         title=f"No token for {at_least}{fmt_duration(stopped.seconds)} with {stopped.num_requests_running:.0f} "
-        f"running: watching (a stall is called after {fmt_duration(ctx.thresholds.stall_min_seconds)}); no queue or "
-        "capacity advice until tokens move",
+        f"running: watching ({called}); no queue or capacity advice until tokens move",
         evidence={"seconds_without_tokens": round(stopped.seconds, 3), "num_requests_running":
-                  stopped.num_requests_running, "began_before_window": stopped.began_before_window},
+                  stopped.num_requests_running, "began_before_window": stopped.began_before_window,
+                  "longest_prefill_silence_seconds": stopped.long_step_seconds},
         time_range=(stopped.since, stopped.since + stopped.seconds),
     )]
 
