@@ -68,6 +68,9 @@ class Clients:
     """What the load generator saw: per-token gaps of streaming requests and every status code."""
 
     gaps_s: list[tuple[float, float]] = field(default_factory=list)  # (wall time of the token, gap)
+    # Tokens streamed so far by every streaming request, counted as they arrive (``gaps_s`` grows
+    # only when a request ends): what a workload paced by the server waits on.
+    streamed: int = 0
     statuses: list[int] = field(default_factory=list)
     durations_s: list[float] = field(default_factory=list)  # each request, sent to last byte
     # (completion tokens, finish reason) of each answered non-streaming request, as its response says
@@ -131,6 +134,8 @@ def request(url: str, clients: Clients, *, prompt: str | list[int], max_tokens: 
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
                         now = time.monotonic()
+                        with clients.lock:
+                            clients.streamed += 1
                         if last is not None:
                             gaps.append((time.time(), now - last))
                         last = now

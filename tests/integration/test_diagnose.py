@@ -297,7 +297,7 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
 
         def decoded(clients: load.Clients = clients) -> int:
             with clients.lock:
-                return len(clients.gaps_s)
+                return clients.streamed
 
         def mixed(clients: load.Clients = clients, stop: threading.Event = stop,
                   batches: list[tuple[float, float]] = batches, together: int = together) -> None:
@@ -307,19 +307,22 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
             lengths = itertools.cycle(range(1500, 2000, 37))
             decoders = load.closed_loop(server.url, clients, 16, 600.0, lambda: {
                 "prompt": "decode " * 8, "max_tokens": next(lengths), "stream": True, "stop": stop}, stop=stop)
-            for _ in range(9):  # the decoders' first 20 tokens each, then before each batch 20 more
-                wanted = decoded() + 16 * 20
-                wait_for(lambda wanted=wanted: decoded() >= wanted, timeout=120, step=0.05)  # type: ignore[misc]
-                if len(batches) == 8:
-                    break
-                sent = time.time()
-                prompts = [load.burst(server.url, clients, 1, prompt=" ".join(rng.choice(WORDS) for _ in range(1800)),
-                                      max_tokens=2) for _ in range(together)]
-                for thread in prompts:
-                    thread.join(300)
-                batches.append((sent, time.time()))
-            stop.set()
-            decoders.join(300)
+            try:
+                for _ in range(9):  # the decoders' first 20 tokens each, then before each batch 20 more
+                    wanted = decoded() + 16 * 20
+                    streamed = wait_for(lambda wanted=wanted: decoded() >= wanted, timeout=300, step=0.05)  # type: ignore[misc]
+                    assert streamed, f"the decoders streamed {decoded()} tokens in 300 s, {wanted} were awaited"
+                    if len(batches) == 8:
+                        break
+                    sent = time.time()
+                    prompts = [load.burst(server.url, clients, 1, prompt=" ".join(rng.choice(WORDS) for _ in range(1800)),
+                                          max_tokens=2) for _ in range(together)]
+                    for thread in prompts:
+                        thread.join(300)
+                    batches.append((sent, time.time()))
+            finally:
+                stop.set()
+                decoders.join(300)
 
         path = record(server, tmp_path / f"hol-{attempt}.jsonl.gz", mixed, interval=1.0)
         needed, prompts_followed, after_prompt, stalls = _stalls_after_prompts(clients.gaps_s, batches, _itl_bounds(path))
