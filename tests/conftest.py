@@ -1,6 +1,7 @@
-"""Shared fixtures. Real ``vllm serve`` processes start on first use and are shared by the whole
-session: ``main`` (64 MiB of KV cache: 1,024 blocks of 128 tokens) and ``tiny`` (12 blocks:
-preemption and waiting within seconds) start in parallel; ``vllm_factory`` starts more."""
+"""Shared fixtures. Real ``vllm serve`` processes come from one pool (:mod:`tests.integration.pool`):
+``main`` (64 MiB of KV cache: 1,024 blocks of 128 tokens) and ``tiny`` (12 blocks: preemption and
+waiting within seconds) start together on first use and serve the whole session; every other
+server the session's tests need starts in the background as soon as those two are ready."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 from hypothesis import settings
 
 from tests.integration import load
+from tests.integration.pool import ServerPool, needed_by
 from tests.integration.recorded import record_while
-from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_model
+from tests.integration.vllm_server import VllmServer, build_tiny_model
 
 # Hypothesis's default 200 ms deadline per example is a wall-clock bound: on a busy machine a
 # correct property fails. Properties here are judged on their answers, never on their speed.
@@ -51,8 +53,38 @@ def renamed_text() -> str:
     """The same payload in the pre-0.9 spellings (see fixtures/make_renamed.py)."""
     return fixture_text("metrics-0.8-renamed.txt")
 
+# The tests that start real servers, Streamlit or Chromium. Under ``pytest -n 2`` (what
+# scripts/test.sh runs) they are one piece of work: one worker runs them in file order, sharing the
+# session's servers, while the other worker takes the unit, adapter and app tests, which would
+# otherwise wait behind them on a machine whose second core the servers leave mostly idle.
+SERVER_TESTS = tuple(f"tests/{folder}/" for folder in ("integration", "e2e"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The integration tests before the browser tests: the pool starts the session's other servers
+    while the first integration tests run (their workloads are judged on what the servers recorded;
+    Streamlit and Chromium under the same load ran 250 s longer), and the browser tests come last,
+    when the other worker is done."""
+    order = {"integration": 0, "e2e": 1}
+    items.sort(key=lambda item: order.get(item.path.parent.name, 2))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scope scheduler with every server test in one scope (the largest, so sent first) and
+    every other test a scope of its own. (Not ``--dist loadgroup``: with pytest 9.2 xdist 3.8's group
+    suffix on the node id no longer takes, and the groups' tests were spread over both workers, each
+    starting its own nine vLLM servers.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServersTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "servers" if nodeid.startswith(SERVER_TESTS) else nodeid
+
+    return ServersTogether(config, log)
+
+
 TINY_BURST_PROMPT = list(range(11, 21))  # token ids: the same 10-token prompt in every request of the burst
-TINY_ARGS = ("--num-gpu-blocks-override", "12", "--gpu-memory-utilization", "0.3", "--max-model-len", "1024")
 
 
 @pytest.fixture(scope="session")
@@ -61,14 +93,21 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
-    work = tmp_path_factory.mktemp("vllm")
-    servers = {
-        "main": VllmServer(tiny_model, work / "main").start(),
-        "tiny": VllmServer(tiny_model, work / "tiny", TINY_ARGS).start(),
-    }
-    with all_ready(servers):
-        yield servers
+def server_pool(request: pytest.FixtureRequest, tiny_model: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
+    """Every real server of the session, started ahead of the tests that need them."""
+    pool = ServerPool(tiny_model, tmp_path_factory.mktemp("vllm"),
+                      needed_by(item.fixturenames for item in request.session.items))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(server_pool: ServerPool) -> dict[str, VllmServer]:
+    main, tiny = server_pool.get("main", "tiny")
+    return {"main": main, "tiny": tiny}
 
 
 @pytest.fixture(scope="session")
@@ -111,17 +150,9 @@ def record_tiny_burst(server: VllmServer, path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def vllm_factory(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., VllmServer]]:
-    """Start another real server with other flags: ``vllm_factory("--max-num-seqs", "4")``."""
-    started: list[VllmServer] = []
-    work = tmp_path_factory.mktemp("vllm-extra")
-
-    def start(*args: str) -> VllmServer:
-        server = VllmServer(tiny_model, work / f"s{len(started)}", tuple(args)).start()
-        started.append(server)
-        return server.wait_ready()
-
-    yield start
-    for server in started:
-        server.stop()
+@pytest.fixture(scope="module")
+def keyed_server(server_pool: ServerPool) -> Iterator[VllmServer]:
+    """A server started with ``--api-key`` (:data:`tests.integration.pool.API_KEY`)."""
+    (server,) = server_pool.get("keyed")
+    yield server
+    server_pool.release("keyed")

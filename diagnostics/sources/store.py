@@ -160,6 +160,7 @@ class HistoryStore:
         self.writer_cpu_seconds = 0.0  # the writer thread's own CPU time (bench/store.py reads it)
         self.num_written = 0
         self._reader: sqlite3.Connection | None = None
+        self._unborn = False  # the file exists without the tables: its writer is creating it
         if write:
             try:
                 self.dir.mkdir(parents=True, exist_ok=True)
@@ -223,11 +224,18 @@ class HistoryStore:
         self._thread.start()
 
     def _open_reader(self) -> None:
+        self._unborn = False
         if not self.path.exists():
             return
         try:
             conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=self._timeout,
                                    isolation_level=None, check_same_thread=False)
+            if conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'chunks'").fetchone()[0] == 0:
+                # The file is there but its writer has not created the tables yet (or it is not a
+                # store yet): nothing to read, no failure; asked again on the next read.
+                conn.close()
+                self._unborn = True
+                return
             conn.execute("SELECT count(*) FROM chunks").fetchone()
         except sqlite3.Error as exc:
             if self._message is None:
@@ -569,8 +577,9 @@ class HistoryStore:
         if self._reader is None:
             self._open_reader()
         if self._reader is None:
-            raise StoreError(f"history store {self.path} does not exist yet" if not self.path.exists() else
-                             self._message or f"history store {self.path} cannot be opened")
+            if not self.path.exists() or self._unborn:
+                raise StoreError(f"history store {self.path} does not exist yet")
+            raise StoreError(self._message or f"history store {self.path} cannot be opened")
         return self._reader
 
     def targets(self) -> list[str]:

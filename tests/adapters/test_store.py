@@ -18,7 +18,7 @@ from diagnostics.core.metrics.derive import counter_increase
 from diagnostics.core.store import StorePolicy, Tier
 from diagnostics.recording import encode_recording, read_recording
 from diagnostics.sources import store as store_module
-from diagnostics.sources.store import HistoryStore, StoredTarget
+from diagnostics.sources.store import FILE_NAME, HistoryStore, StoredTarget, StoreError
 from tests.fixtures.incidents.corpus import HERE, labels
 from tests.unit import synth
 from tests.unit.test_collector import Clock, FakeServer, make
@@ -419,3 +419,21 @@ def test_a_crash_rebuild_writes_each_aggregate_once(tmp_path: Path) -> None:
     reader = HistoryStore(tmp_path, policy, write=False)
     ts = [row.ts for row in reader._rows(reader._conn(), 1, 1, None, None)]
     assert len(ts) == len(set(ts)) == 91
+
+
+def test_a_store_file_its_writer_has_not_given_tables_yet_is_not_yet_there_not_a_failure(tmp_path: Path) -> None:
+    """A reader that opens the file in the moment between its writer creating it and creating its
+    tables (a collector starting beside a dashboard) hears "does not exist yet", as before the file
+    existed, with no message on its state; once the writer has made it a store, the same reader reads."""
+    (tmp_path / FILE_NAME).touch()  # what sqlite3.connect leaves before the schema is written
+    reader = HistoryStore(tmp_path, write=False)
+    with pytest.raises(StoreError, match="does not exist yet"):
+        reader.targets()
+    assert reader.state.message is None
+    scrapes = read_recording(HERE / RECORDINGS[0]).scrapes()[:3]
+    writer = HistoryStore(tmp_path, clock=lambda: scrapes[-1].ts)
+    for scrape in scrapes:
+        writer.record("http://a:8000", scrape)
+    writer.close()
+    assert reader.targets() == ["http://a:8000"]
+    assert reader.state.message is None

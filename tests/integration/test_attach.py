@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from diagnostics.recording import RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import VllmClient
 from tests.conftest import wait_for
 from tests.integration import load
+from tests.integration.pool import API_KEY
 from tests.integration.vllm_server import VllmServer
 
 pytestmark = pytest.mark.integration
@@ -59,19 +61,25 @@ def test_every_concept_is_present_on_032(vllm_main: VllmServer) -> None:
 
 
 def test_running_moves_under_a_30_request_burst(vllm_main: VllmServer) -> None:
-    """30 clients in a closed loop for 5 s (a single burst of 30 drained in under a second on a fast
-    host, between two scrapes), then until a scrape shows nothing running."""
+    """30 clients in a closed loop until a scrape shows at least 10 running (a single burst of 30
+    drained in under a second on a fast host, between two scrapes; on a busy one the API server let
+    only 6 in at a time for the first 5 s), then until a scrape shows nothing running."""
     collector = collector_for(vllm_main)
     clients = load.Clients()
-    load.closed_loop(vllm_main.url, clients, 30, 5.0, lambda: {"prompt": "block cache token", "max_tokens": 256}
-                     ).join(300)
+    stop = threading.Event()
+    loop = load.closed_loop(vllm_main.url, clients, 30, 180.0,
+                            lambda: {"prompt": "block cache token", "max_tokens": 256}, stop)
+    seen = wait_for(lambda: any(s.snapshot is not None and (s.snapshot.value("num_requests_running") or 0) >= 10
+                                for s in collector.history()), timeout=180)
+    stop.set()
+    loop.join(300)
     done = len(collector.history())
     assert wait_for(lambda: any(s.snapshot is not None and s.snapshot.value("num_requests_running") == 0
                                 for s in collector.history()[done:]))
     collector.stop()
     running = [s.snapshot.value("num_requests_running") for s in collector.history() if s.snapshot]
     assert clients.statuses and set(clients.statuses) == {200}, clients.summary()
-    assert max(running) >= 10 and running[-1] == 0
+    assert seen and max(running) >= 10 and running[-1] == 0, running
     state = derive_state(collector.history())
     assert state.generation_tokens_rate and state.generation_tokens_rate > 0
     assert state.quantile("inter_token_latency_seconds", 0.95) is not None
@@ -207,11 +215,10 @@ def test_cli_refuses_a_prometheus_endpoint_that_is_not_vllm(tmp_path: Path) -> N
         server.terminate()
 
 
-def test_a_server_with_an_api_key(vllm_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_server_with_an_api_key(keyed_server: VllmServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM guards /v1 with --api-key while /metrics stays open: without the key the state is up and
     the missing info says why; with it, /v1/models answers; the key is never written anywhere."""
-    secret = "sk-triage-test-0123456789"
-    server = vllm_factory("--api-key", secret)
+    secret, server = API_KEY, keyed_server
     anonymous = Collector(VllmClient(server.url), interval_seconds=0.5)
     anonymous.scrape_once()
     status = anonymous.status()

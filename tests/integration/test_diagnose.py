@@ -28,8 +28,9 @@ from diagnostics.core.metrics.derive import Scrape, count_above, histogram_delta
 from diagnostics.recording import read_recording
 from tests.conftest import wait_for
 from tests.integration import load
+from tests.integration.pool import ServerPool
 from tests.integration.recorded import cli_json, diagnose_json, record_while
-from tests.integration.vllm_server import VllmServer, all_ready, build_tiny_lora, build_tiny_model
+from tests.integration.vllm_server import VllmServer
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,25 +39,16 @@ WORDS = ("block cache token prefill decode queue engine server memory page table
          "the a of and to is in for on with").split()
 
 
+CONDITIONS = ("cap4", "noprefix", "small", "lora")  # see tests/integration/pool.py
+
+
 @pytest.fixture(scope="module")
-def condition_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
-    """The module's servers, started in parallel. The cap of 4 is killed by the module's last test."""
-    work = tmp_path_factory.mktemp("conditions")  # short: vLLM's IPC socket path must fit in 107 characters
-    small = build_tiny_model(work / "small-model", "small")
-    lora = build_tiny_lora(work / "lora")
-    servers = {
-        "cap4": VllmServer(tiny_model, work / "cap4", ("--max-num-seqs", "4", "--max-num-queued-reqs", "8")).start(),
-        "noprefix": VllmServer(tiny_model, work / "noprefix", ("--no-enable-prefix-caching",),
-                               env={"VLLM_SERVER_DEV_MODE": "1"}).start(),
-        # Two 1,800-token prompts prefill in one step under this budget: 0.4-1.6 s on 2 idle cores (the
-        # 4-layer model's 1,200 tokens took 60 ms, under a decoder's notice on a fast host).
-        "small": VllmServer(small, work / "small", ("--max-num-batched-tokens", "4096", "--kv-cache-memory-bytes",
-                                                    str(256 * 2**20))).start(),
-        "lora": VllmServer(tiny_model, work / "lora-server", ("--enable-lora", "--max-loras", "1", "--max-lora-rank",
-                                                                "8", "--lora-modules", f"a={lora}", f"b={lora}")).start(),
-    }
-    with all_ready(servers):
-        yield servers
+def condition_servers(server_pool: ServerPool) -> Iterator[dict[str, VllmServer]]:
+    """The module's servers (started ahead by the pool). The cap of 4 is killed by the module's last test."""
+    try:
+        yield dict(zip(CONDITIONS, server_pool.get(*CONDITIONS), strict=True))
+    finally:
+        server_pool.release(*CONDITIONS)
 
 
 def record(server: VllmServer, path: Path, action: Callable[[], None], interval: float = 0.5) -> Path:

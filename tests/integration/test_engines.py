@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.integration import load
+from tests.integration.pool import ServerPool
 from tests.integration.recorded import diagnose_json, record_while
 from tests.integration.vllm_server import VllmServer
 
@@ -26,12 +27,12 @@ ARTIFACTS = Path(os.environ.get("ARTIFACTS_DIR", ROOT / "test-artifacts"))
 
 
 @pytest.fixture(scope="module")
-def dp2(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    server = VllmServer(tiny_model, tmp_path_factory.mktemp("dp2"), ("--data-parallel-size", "2")).start()
+def dp2(server_pool: ServerPool) -> Iterator[VllmServer]:
+    """``--data-parallel-size 2`` (started ahead by the pool); a test stops one of its ranks."""
     try:
-        yield server.wait_ready()
+        yield server_pool.get("dp2")[0]
     finally:
-        server.stop()
+        server_pool.release("dp2")
 
 
 def _diagnose(path: Path) -> tuple[int, list[dict[str, Any]]]:

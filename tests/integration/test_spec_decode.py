@@ -4,7 +4,6 @@ are right (``load.zero_runs``); ``--enable-mfu-metrics`` turns on vLLM's per-GPU
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,25 +11,21 @@ import httpx
 import pytest
 
 from tests.integration import load
+from tests.integration.pool import ServerPool
 from tests.integration.recorded import cli_json, record_while
-from tests.integration.vllm_server import SERVED_NAME, VllmServer, build_tiny_model
+from tests.integration.vllm_server import SERVED_NAME, VllmServer
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-SPECULATION = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
-                          "prompt_lookup_min": 1})
 
 
 @pytest.fixture(scope="module")
-def spec_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    work = tmp_path_factory.mktemp("spec")
-    model = build_tiny_model(work / "repeat", "repeat")
-    server = VllmServer(model, work / "s", ("--load-format", "safetensors", "--speculative-config", SPECULATION,
-                                            "--enable-mfu-metrics")).start()
+def spec_server(server_pool: ServerPool) -> Iterator[VllmServer]:
+    """n-gram speculation on the "repeat" model (started ahead by the pool)."""
     try:
-        yield server.wait_ready()
+        yield server_pool.get("spec")[0]
     finally:
-        server.stop()
+        server_pool.release("spec")
 
 
 def _record(server: VllmServer, path: Path, ascending: bool) -> Path:

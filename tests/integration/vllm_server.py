@@ -6,14 +6,12 @@ is found in ``$VLLM_PYTHON`` or the default venv that ``scripts/test.sh`` builds
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -159,18 +157,6 @@ class VllmServer:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
             self.kill9()
-
-
-@contextlib.contextmanager
-def all_ready(servers: dict[str, VllmServer]) -> Iterator[dict[str, VllmServer]]:
-    """Servers already started (in parallel), waited for, and stopped on exit."""
-    try:
-        for server in servers.values():
-            server.wait_ready()
-        yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 if __name__ == "__main__":
