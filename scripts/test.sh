@@ -46,4 +46,4 @@ fi
 .venv/bin/python -m mypy
 # Two workers: the real-server tests in one (tests/conftest.py's scheduler), the rest in the other.
 # TEST_WORKERS=0 runs everything in this process (e.g. for -s or a debugger).
-exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" "$@"
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --no-loadscope-reorder "$@"

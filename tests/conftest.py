@@ -58,27 +58,41 @@ def renamed_text() -> str:
 # session's servers, while the other worker takes the unit, adapter and app tests, which would
 # otherwise wait behind them on a machine whose second core the servers leave mostly idle.
 SERVER_TESTS = tuple(f"tests/{folder}/" for folder in ("integration", "e2e"))
+# The browser and Prometheus modules among them that start no vLLM server: each is a piece of work
+# of its own, run last, by whichever worker is free first (the one without the servers, which it
+# would otherwise leave waiting ten minutes). A module listed here that takes a pooled server is
+# refused at collection (below), so the list cannot go stale the costly way.
+APART = tuple(f"tests/{path}.py" for path in (
+    "e2e/test_simulated", "e2e/test_history_restart", "e2e/test_flight_recorder",
+    "integration/test_prometheus_dcgm"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The integration tests before the browser tests: the pool starts the session's other servers
     while the first integration tests run (their workloads are judged on what the servers recorded;
     Streamlit and Chromium under the same load ran 250 s longer), and the browser tests come last,
-    when the other worker is done."""
+    when the other worker is done; the :data:`APART` modules after everything else."""
     order = {"integration": 0, "e2e": 1}
-    items.sort(key=lambda item: order.get(item.path.parent.name, 2))
+    items.sort(key=lambda item: 3 if item.nodeid.startswith(APART) else order.get(item.path.parent.name, 2))
+    pooled = sorted({item.nodeid.split("::")[0] for item in items
+                     if item.nodeid.startswith(APART) and "server_pool" in item.fixturenames})
+    if pooled:
+        raise pytest.UsageError(f"{', '.join(pooled)} take a pooled vLLM server: remove them from APART in tests/conftest.py")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """xdist's scope scheduler with every server test in one scope (the largest, so sent first) and
-    every other test a scope of its own. (Not ``--dist loadgroup``: with pytest 9.2 xdist 3.8's group
+    """xdist's scope scheduler with every server test in one scope (first in the collection's order,
+    so sent first: scripts/test.sh keeps that order with ``--no-loadscope-reorder``), each
+    :data:`APART` module one scope, and every other test a scope of its own. (Not ``--dist loadgroup``: with pytest 9.2 xdist 3.8's group
     suffix on the node id no longer takes, and the groups' tests were spread over both workers, each
     starting its own nine vLLM servers.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ServersTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(APART):
+                return nodeid.split("::")[0]
             return "servers" if nodeid.startswith(SERVER_TESTS) else nodeid
 
     return ServersTogether(config, log)
