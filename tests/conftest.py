@@ -120,8 +120,7 @@ def server_pool(request: pytest.FixtureRequest, tiny_model: Path,
 
 @pytest.fixture(scope="session")
 def vllm_servers(server_pool: ServerPool) -> dict[str, VllmServer]:
-    main, tiny = server_pool.get("main", "tiny")
-    return {"main": main, "tiny": tiny}
+    return server_pool.take("vllm_servers")
 
 
 @pytest.fixture(scope="session")
@@ -167,6 +166,5 @@ def record_tiny_burst(server: VllmServer, path: Path) -> Path:
 @pytest.fixture(scope="module")
 def keyed_server(server_pool: ServerPool) -> Iterator[VllmServer]:
     """A server started with ``--api-key`` (:data:`tests.integration.pool.API_KEY`)."""
-    (server,) = server_pool.get("keyed")
-    yield server
-    server_pool.release("keyed")
+    with server_pool.lend("keyed_server") as servers:
+        yield servers["keyed"]

@@ -11,8 +11,9 @@ with :meth:`ServerPool.get` (ready when it returns) and gives them back with
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,6 +114,19 @@ class ServerPool:
                 self.start(name)
             except Exception:  # noqa: BLE001, S112 — started again, and said, by the fixture that asks for it
                 continue
+
+    def take(self, fixture: str) -> dict[str, VllmServer]:
+        """The servers :data:`FIXTURES` gives ``fixture``, ready, by name."""
+        names = FIXTURES[fixture]
+        return dict(zip(names, self.get(*names), strict=True))
+
+    @contextlib.contextmanager
+    def lend(self, fixture: str) -> Iterator[dict[str, VllmServer]]:
+        """:meth:`take`, released on exit."""
+        try:
+            yield self.take(fixture)
+        finally:
+            self.release(*FIXTURES[fixture])
 
     def release(self, *names: str) -> None:
         """Stop ``names`` (a module is done with them; one asked for again starts anew)."""

@@ -39,16 +39,11 @@ WORDS = ("block cache token prefill decode queue engine server memory page table
          "the a of and to is in for on with").split()
 
 
-CONDITIONS = ("cap4", "noprefix", "small", "lora")  # see tests/integration/pool.py
-
-
 @pytest.fixture(scope="module")
 def condition_servers(server_pool: ServerPool) -> Iterator[dict[str, VllmServer]]:
     """The module's servers (started ahead by the pool). The cap of 4 is killed by the module's last test."""
-    try:
-        yield dict(zip(CONDITIONS, server_pool.get(*CONDITIONS), strict=True))
-    finally:
-        server_pool.release(*CONDITIONS)
+    with server_pool.lend("condition_servers") as servers:
+        yield servers
 
 
 def record(server: VllmServer, path: Path, action: Callable[[], None], interval: float = 0.5) -> Path:

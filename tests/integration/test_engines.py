@@ -29,10 +29,8 @@ ARTIFACTS = Path(os.environ.get("ARTIFACTS_DIR", ROOT / "test-artifacts"))
 @pytest.fixture(scope="module")
 def dp2(server_pool: ServerPool) -> Iterator[VllmServer]:
     """``--data-parallel-size 2`` (started ahead by the pool); a test stops one of its ranks."""
-    try:
-        yield server_pool.get("dp2")[0]
-    finally:
-        server_pool.release("dp2")
+    with server_pool.lend("dp2") as servers:
+        yield servers["dp2"]
 
 
 def _diagnose(path: Path) -> tuple[int, list[dict[str, Any]]]:

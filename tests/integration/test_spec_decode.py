@@ -22,10 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def spec_server(server_pool: ServerPool) -> Iterator[VllmServer]:
     """n-gram speculation on the "repeat" model (started ahead by the pool)."""
-    try:
-        yield server_pool.get("spec")[0]
-    finally:
-        server_pool.release("spec")
+    with server_pool.lend("spec_server") as servers:
+        yield servers["spec"]
 
 
 def _record(server: VllmServer, path: Path, ascending: bool) -> Path:
