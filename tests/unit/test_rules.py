@@ -786,6 +786,36 @@ def test_deferred_without_lora_points_at_kv_transfer_and_short_deferral_is_quiet
     assert "waiting_deferred" not in [f.id for f in diagnose(prepare(brief))]
 
 
+def test_deferral_that_comes_and_goes_counts_its_episodes_together() -> None:
+    """Adapters take turns in the slots, so the gauge reads "deferred" a second at a time with gaps
+    longer than the merge (2 s): three 1 s episodes are 3 s deferred, two are not enough."""
+    def flicker(on: set[int]) -> list[Scrape]:
+        return [_queue_payload(float(t), deferred=2 if t in on else 0, lora=("a", "b")) for t in range(20)]
+
+    found = [f for f in diagnose(prepare(flicker({2, 3, 7, 8, 12, 13}))) if f.id == "waiting_deferred"]
+    assert len(found) == 1 and found[0].evidence["seconds_deferred"] == 3.0
+    assert found[0].time_range == (2.0, 13.0)
+    assert [(s.flag, s.direction) for s in found[0].suggestions] == [("--max-loras", "increase")]
+    assert "waiting_deferred" not in ids(diagnose(prepare(flicker({2, 3, 7, 8}))))
+
+
+def test_a_real_flickering_lora_deferral_is_named() -> None:
+    """A real vLLM 0.32 server under --max-loras 1, 8 closed-loop clients alternating adapters a and b
+    (the integration test's workload, recorded on a busy host): the gauge read "deferred" in 19 of 48
+    scrapes, never for 3 s on end (0.5-1.3 s at a time, 2-3 s apart). It was silent before."""
+    recording = read_recording(FIXTURES / "recording-lora-deferred-flicker-0.32.0.jsonl.gz")
+    scrapes = list(recording.scrapes())
+    shown = [s.ts for s in scrapes if s.snapshot is not None
+             and (s.snapshot.by_label("num_requests_waiting_by_reason") or {}).get("deferred", 0) > 0]
+    assert len(shown) == 19
+    findings = diagnose(prepare(scrapes, info=recording.info()))
+    found = [f for f in findings if f.id == "waiting_deferred"]
+    assert len(found) == 1 and found[0].time_range == (shown[0], shown[-1])
+    assert found[0].evidence["max_lora"] == 1
+    assert [(s.flag, s.direction, s.value) for s in found[0].suggestions] == [("--max-loras", "increase", 2)]
+    assert not any(s.flag == "--max-num-seqs" for f in findings for s in f.suggestions)
+
+
 @pytest.mark.parametrize(("running", "usage", "flag"), [
     (4, 0.10, "--max-num-seqs"),  # at the cap with memory to spare: the batch
     (4, 0.97, "--gpu-memory-utilization"),  # the KV cache full: more KV capacity, never a larger batch
