@@ -133,6 +133,26 @@ def test_the_death_finding_names_the_cause_and_the_minute_before() -> None:
     assert "server_down" in [f.id for f in findings]
 
 
+def test_the_minute_before_a_death_ends_where_the_server_stopped_answering_not_where_it_was_slow() -> None:
+    """As a busy host recorded a killed EngineCore: idle scrapes, then 7 s of /metrics timing out
+    under the load, 4 s answering again with 6 running and tokens flowing, then connection refused.
+    The minute before the death is the one before the refusals: 6 running, not the idle 0."""
+    from diagnostics.core.metrics.failure import ErrorKind
+    from tests.unit.synth import down, scrape
+
+    history = ([scrape(float(t), gen=100) for t in range(3)]
+               + [down(float(t), ErrorKind.TIMEOUT) for t in (3, 6, 9)]
+               + [scrape(float(t), running=6, gen=100 + 50 * (t - 11)) for t in range(12, 16)]
+               + [down(float(t)) for t in range(16, 20)])
+    findings = diagnose(prepare(history, log_text=(INCIDENTS / "engine_killed.log").read_text()))
+    died = findings[0]
+    assert died.id == "engine_died" and died.time_range == (16.0, 16.0)
+    assert died.evidence["before_max_num_requests_running"] == 6
+    assert died.evidence["before_last_good_scrape_at"] == 15.0
+    # 200 tokens (100 -> 300) over the 15 s of good scrapes the minute before holds.
+    assert died.evidence["before_generation_tokens_per_second"] == round(200 / 15, 1)
+
+
 def _log(*lines: str) -> str:
     return "\n".join(f"(APIServer pid=1) INFO 12-01 04:11:{i:02d} [x.py:1] {line}" for i, line in enumerate(lines))
 

@@ -60,6 +60,8 @@ class Rule:
     ``needs_scrapes``: the rule only runs when at least one scrape succeeded; with none, "this
     server does not expose X" would be a false claim. ``only_when_quiet``: the rule runs after the
     others, and only when none of them found anything above info (a change no rule explains).
+    ``leads``: the rule's findings come first among those of their severity, whatever their time (a
+    root cause the others are symptoms of: an engine death after the scrapes had timed out under load).
     """
 
     id: str
@@ -75,6 +77,7 @@ class Rule:
     while_tokens_stopped: bool = True
     needs_scrapes: bool = True
     only_when_quiet: bool = False
+    leads: bool = False
 
     @property
     def finding_ids(self) -> tuple[str, ...]:
@@ -106,7 +109,7 @@ RULES: tuple[Rule, ...] = (
                     **{kind: Stamp((knob,), None, window=False) for kind, (_, knob) in startup.LOG_ONLY.items()}},
          needs_scrapes=False),
     Rule("engine_died", outages.engine_died, ("engine_died",), ("down",), chart="generation_tokens",
-         alert="VLLMServerDown", scenario=None, window=False, needs_scrapes=False),
+         alert="VLLMServerDown", scenario=None, window=False, needs_scrapes=False, leads=True),
     # A stop someone asked for (a signal before any death in the log): information, never a death.
     Rule("server_stopped", outages.server_stopped, ("server_stopped",), (), chart=None, alert=None, scenario=None,
          window=False, needs_scrapes=False),

@@ -193,7 +193,11 @@ def engine_died(ctx: Context) -> list[Finding]:
     kinds = [c.kind for c in lines]
     cause = next((k for k in DEATH_CAUSES if k in kinds), None)
     when = log_time(dead.text)
-    down = next((s.ts for s in ctx.history if s.snapshot is None), None)
+    # The death is where the server stopped answering, not where it was slow to: on a busy host the
+    # scrapes under load timed out for 7 s, then answered again (6 running) before the kill's
+    # refusals began; the minute before those is the one that matters.
+    failed = [s for s in ctx.history if s.snapshot is None]
+    down = next((s.ts for s in failed if s.error_kind is not ErrorKind.TIMEOUT), failed[0].ts if failed else None)
     state = before(ctx, down if down is not None else (ctx.history[-1].ts + 1 if ctx.history else 0.0))
     what, check = DEATH_CAUSES[cause] if cause else ("no cause the log names", DEATH_CAUSES["engine_exited"][1])
     return [Finding(
