@@ -12,19 +12,22 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.collector import Collector
-from diagnostics.recording import RecordingWriter
+from diagnostics.recording import Record, RecordingWriter
 from diagnostics.sources.vllm_http import VllmClient
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def record_while(url: str, path: Path, action: Callable[[], None], *, interval: float = 0.5, before: float = 1.0,
-                 after: float = 1.5) -> Path:
+                 after: float = 1.5, watch: Callable[[Record], None] | None = None) -> Path:
     """A recording of the server at ``url`` from ``before`` seconds ahead of ``action`` to ``after``
-    seconds past it."""
+    seconds past it; ``watch`` sees each record as it is written (an action that waits for the
+    recording to hold something)."""
     collector = Collector(VllmClient(url), interval_seconds=interval)
     with RecordingWriter(path) as writer:
         collector.add_sink(writer.write)
+        if watch is not None:
+            collector.add_sink(watch)
         collector.start()
         try:
             time.sleep(before)

@@ -25,7 +25,7 @@ import pytest
 
 from diagnostics.core.metrics.catalog import Snapshot, parse_snapshot
 from diagnostics.core.metrics.derive import Scrape, count_above, histogram_delta
-from diagnostics.recording import read_recording
+from diagnostics.recording import Record, read_recording
 from tests.conftest import wait_for
 from tests.integration import load
 from tests.integration.pool import ServerPool
@@ -241,11 +241,13 @@ def test_a_sleeping_engine_is_named_asleep_not_stalled_and_serves_again_once_wok
 
 
 def _stalls_after_prompts(gaps: list[tuple[float, float]], batches: list[tuple[float, float]],
-                          bounds: tuple[float, ...]) -> tuple[float, int, int, int]:
+                          bounds: tuple[float, ...]) -> tuple[float, float, int, int, int]:
     """How the decoders' token gaps ``(end, gap)`` line up with the long-prompt ``batches`` ``(sent,
-    answered)``: ``(needed, batches followed by a stall, stalls after a batch, stalls)``. A stall is a
-    gap three times their median, ≥ 0.2 s and past the next of the server's ITL bucket ``bounds``; it
-    follows a batch when it began while the batch was in the server and ended after it was sent."""
+    answered)``: ``(needed, bar, batches followed by a stall past the bar, stalls after a batch,
+    stalls)``. A stall is a gap three times their median, ≥ 0.2 s and past the next of the server's
+    ITL bucket ``bounds``; it follows a batch when it began while the batch was in the server and
+    ended after it was sent. The bar: twice the 90th percentile of the stalls that followed no batch
+    (what a busy host does to the decoders at random), or ``needed`` when there were none."""
     usual = max(0.2, 3 * statistics.median(gap for _, gap in gaps))
     needed = next(b for b in bounds if b >= usual)
     stalls = [(ts - gap, ts) for ts, gap in gaps if gap >= needed]
@@ -253,9 +255,11 @@ def _stalls_after_prompts(gaps: list[tuple[float, float]], batches: list[tuple[f
     def during(g: tuple[float, float], batch: tuple[float, float]) -> bool:
         return batch[0] - 0.1 <= g[0] <= batch[1] and g[1] >= batch[0]
 
+    at_random = sorted(g[1] - g[0] for g in stalls if not any(during(g, b) for b in batches))
+    bar = max(needed, 2 * at_random[int(0.9 * (len(at_random) - 1))]) if at_random else needed
     after_prompt = sum(any(during(g, b) for b in batches) for g in stalls)
-    prompts_followed = sum(any(during(g, b) for g in stalls) for b in batches)
-    return needed, prompts_followed, after_prompt, len(stalls)
+    prompts_followed = sum(any(during(g, b) and g[1] - g[0] >= bar for g in stalls) for b in batches)
+    return needed, bar, prompts_followed, after_prompt, len(stalls)
 
 
 @pytest.mark.timeout(1800)  # three runs of up to 8 long-prompt batches: on a busy 2-core host one took > 600 s
@@ -272,9 +276,11 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
     prompts is judged from the clients' own token gaps (not from the diagnosis): a stall is a gap three
     times their median, ≥ 0.2 s and past the next bucket bound of the server's ITL histogram (where the
     server's own buckets can tell it from the usual gap); at least two long-prompt batches were followed
-    by one that began while the batch was in the server (sent, not yet answered), and most stalls came
-    there (a busy host also stalls the decoders at random). A run where that did not hold is repeated
-    with one more long prompt sent together (a longer prefill), and says so; three such runs fail."""
+    by one that began while the batch was in the server (sent, not yet answered) and lasted twice
+    the 90th percentile of the stalls outside the batches (a busy host also stalls the decoders at
+    random: a rehearsal with one core kept busy had 1,176 stalls, 342 of them after a batch). A run
+    where that did not hold is repeated with one more long prompt sent together (a longer prefill),
+    and says so; three such runs fail."""
     server = condition_servers["small"]
     rng = load.seeded_rng()
     for attempt in range(3):
@@ -312,15 +318,17 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
                 decoders.join(300)
 
         path = record(server, tmp_path / f"hol-{attempt}.jsonl.gz", mixed, interval=1.0)
-        needed, prompts_followed, after_prompt, stalls = _stalls_after_prompts(clients.gaps_s, batches, _itl_bounds(path))
+        needed, bar, prompts_followed, after_prompt, stalls = _stalls_after_prompts(
+            clients.gaps_s, batches, _itl_bounds(path))
         print(f"run {attempt + 1}: {len(batches)} batches of {together} long prompt(s), {prompts_followed} followed by a "
-              f"decoder gap ≥ {needed:.3f} s, {after_prompt} of {stalls} such gaps after one")
-        if prompts_followed >= 2 and after_prompt >= 0.5 * stalls:
+              f"decoder gap ≥ {bar:.3f} s (twice what the host did at random; a stall is ≥ {needed:.3f} s), "
+              f"{after_prompt} of {stalls} stalls after one")
+        if prompts_followed >= 2:
             break
-        print("retrying: 2 batches followed and half the gaps after one were needed; sending one more together")
+        print("retrying: 2 batches followed by such a gap were needed; sending one more together")
     else:
-        pytest.fail(f"in 3 runs the decoders' stalls (gaps ≥ {needed:.3f} s) did not follow the long prompts: "
-                    f"{prompts_followed} prompts followed, {after_prompt} of {stalls} gaps after one")
+        pytest.fail(f"in 3 runs the decoders' stalls did not follow the long prompts: {prompts_followed} batches "
+                    f"followed by a gap ≥ {bar:.3f} s, {after_prompt} of {stalls} stalls (≥ {needed:.3f} s) after one")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(path, ARTIFACTS / "recording-head-of-line.jsonl.gz")
     code, findings = diagnose_cli("--replay", str(path))
@@ -333,6 +341,11 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
 def test_sigstop_of_the_engine_is_a_critical_silent_stall(
     condition_servers: dict[str, VllmServer], tmp_path: Path
 ) -> None:
+    """The EngineCore SIGSTOPped for 8 s under four closed-loop clients of 1,000-token requests. The
+    engine publishes its gauges, so a stop between requests reads as an idle server (a busy host's
+    recording: 4 clients of 128-token requests, the gauges at 0 running through the whole stop).
+    Whether the recording shows requests running through 5 s without tokens is judged from its raw
+    gauges; a run where it does not is repeated and says so, three such runs fail."""
     server = condition_servers["cap4"]
     engines = [pid for pid in server.engine_pids() if "EngineCor" in Path(f"/proc/{pid}/comm").read_text()]
     assert engines, "no EngineCore process found"
@@ -341,7 +354,7 @@ def test_sigstop_of_the_engine_is_a_critical_silent_stall(
         # Four clients keep requests in flight through the stop, however fast the host decodes.
         stop = threading.Event()
         running = load.closed_loop(server.url, load.Clients(), 4, 120.0,
-                                   lambda: {"prompt": "block cache token", "max_tokens": 128}, stop=stop)
+                                   lambda: {"prompt": "block cache token", "max_tokens": 1000}, stop=stop)
         assert wait_for(lambda: (scrape(server).value("num_requests_running") or 0) > 0, step=0.2), \
             "the requests never started"
         os.kill(engines[0], signal.SIGSTOP)
@@ -353,25 +366,60 @@ def test_sigstop_of_the_engine_is_a_critical_silent_stall(
         stop.set()
         running.join(300)
 
-    path = record(server, tmp_path / "stall.jsonl.gz", stall)
+    for attempt in range(3):
+        path = record(server, tmp_path / f"stall-{attempt}.jsonl.gz", stall)
+        silent = _seconds_running_without_tokens(path)
+        if silent >= 5.0:
+            break
+        print(f"retrying: the gauges showed requests running without tokens for {silent:.1f} s of the 5 s needed")
+    else:
+        pytest.fail(f"in 3 runs the gauges never showed requests running without tokens for 5 s (last {silent:.1f} s)")
     code, findings = diagnose_cli("--replay", str(path))
     f = by_id(findings, "silent_stall")
     assert code == 2 and f["severity"] == "critical"
     assert f["evidence"]["seconds_without_tokens"] >= 5 and f["evidence"]["ongoing"] is False
 
 
+def _seconds_running_without_tokens(path: Path) -> float:
+    """The longest time a recording's raw gauges show requests running while the generated-token
+    counter stands still: from a scrape with requests running to the last one before the counter
+    moves again, every scrape between showing requests running."""
+    longest, since, last = 0.0, None, None
+    for s in read_recording(path).scrapes():
+        if s.snapshot is None:
+            continue
+        gen, running = s.snapshot.value("generation_tokens"), s.snapshot.value("num_requests_running") or 0
+        if running <= 0:
+            since = None
+        elif since is None or gen != last:
+            since = s.ts
+        else:
+            longest = max(longest, s.ts - since)
+        last = gen
+    return longest
+
+
 def test_a_burst_past_the_queue_limit_is_rejected_and_named(
     condition_servers: dict[str, VllmServer], tmp_path: Path
 ) -> None:
-    """40 requests at once against 4 running and 8 queued at most: the rest are turned away, counted
-    as admission rejections and diagnosed with the limit they hit."""
+    """40 requests of 512 tokens at once against 4 running and 8 queued at most: the rest are turned
+    away, counted as admission rejections and diagnosed with the limit they hit. Whether any was turned
+    away is what the clients were answered; a run where none was (a busy host's API server admitted
+    128-token requests no faster than the engine finished them: 40 of 40 answered 200) is repeated with
+    twice the requests and says so; three such runs fail."""
     server = condition_servers["cap4"]
-    clients = load.Clients()
-    path = record_while(server.url, tmp_path / "limit.jsonl.gz",
-                        lambda: load.burst(server.url, clients, 40, prompt="block cache token " * 4,
-                                           max_tokens=128).join(300))
-    rejected = clients.statuses.count(503)
-    assert rejected > 0 and clients.statuses.count(200) + rejected == 40, clients.statuses
+    for attempt in range(3):
+        count, clients = 40 * 2**attempt, load.Clients()
+        path = record_while(server.url, tmp_path / f"limit-{attempt}.jsonl.gz",
+                            lambda count=count, clients=clients: load.burst(  # type: ignore[misc]
+                                server.url, clients, count, prompt="block cache token " * 4, max_tokens=512).join(600))
+        rejected = clients.statuses.count(503)
+        assert clients.statuses.count(200) + rejected == count, clients.summary()
+        if rejected > 0:
+            break
+        print(f"retrying: {count} requests at once, none turned away; sending {2 * count}")
+    else:
+        pytest.fail(f"in 3 bursts of up to {count} requests the server turned none away")
     code, findings = diagnose_cli("--replay", str(path))
     found = by_id(findings, "admission_rejected")
     # The server's counter agrees with what the clients were answered.
@@ -470,32 +518,41 @@ def test_a_killed_engine_core_is_a_death_while_serving_with_the_minute_before(
 ) -> None:
     """The EngineCore process SIGKILLed under load (as the kernel's OOM killer would): the recording
     and the server's own log, diagnosed together, say the engine died while serving, quote the log
-    lines that matter and show the minute before. The module's last test: the cap of 4 dies."""
+    lines that matter and show the minute before. The module's last test: the cap of 4 dies. Six
+    closed-loop clients keep requests in flight, and the kill waits until the recording itself holds
+    a scrape with requests running (a busy host's recorder once went 8.7 s without a scrape, while six
+    2,000-token requests sent once all finished before the kill)."""
     server = condition_servers["cap4"]
     path = tmp_path / "death.jsonl.gz"
-    clients = load.Clients()
+    clients, stop = load.Clients(), threading.Event()
+    recorded_running: list[float] = []
+
+    def watch(record: Record) -> None:
+        if record.metrics is not None:
+            recorded_running.append(parse_snapshot(record.metrics).value("num_requests_running") or 0.0)
 
     def kill_the_engine_core() -> None:
-        running = load.burst(server.url, clients, 6, prompt="block cache token " * 4, max_tokens=2000, stream=True)
-        assert wait_for(lambda: (scrape(server).value("num_requests_running") or 0) > 0, step=0.2), \
-            "the requests never started"
-        time.sleep(2.0)
+        running = load.closed_loop(server.url, clients, 6, 300.0, lambda: {
+            "prompt": "block cache token " * 4, "max_tokens": 2000, "stream": True}, stop=stop)
+        assert wait_for(lambda: max(recorded_running, default=0.0) > 0, timeout=120, step=0.2), \
+            "the recording never showed the requests running"
         os.kill(server.engine_core_pid(0), signal.SIGKILL)
+        stop.set()
         running.join(60)
         # The API server shuts itself down, seconds later on a fast host (4 s after the kill was not
         # always enough to see one failed scrape): the recording goes on until it has.
         assert server.proc is not None and server.proc.wait(120) is not None
 
-    record_while(server.url, path, kill_the_engine_core, interval=1.0, before=2.0, after=3.0)
+    record_while(server.url, path, kill_the_engine_core, interval=1.0, before=2.0, after=3.0, watch=watch)
     code, findings = diagnose_cli("--replay", str(path), "--log", str(server.log_path))
     assert code == 2, findings
     died = findings[0]
     assert died["id"] == "engine_died", [f["id"] for f in findings]
     assert any("exited unexpectedly" in line for line in died["evidence"]["log_lines"])
     assert any("EngineDeadError" in line for line in died["evidence"]["log_lines"])
-    # The six requests the clients had in flight, as the server's running gauge showed them: on a
-    # busy 2-core host vLLM 0.32's gauges can read low for seconds (never high), so at least one
-    # and at most six (a CI rehearsal here saw 1).
+    # The requests the clients had in flight, as the server's running gauge showed them: on a busy
+    # 2-core host vLLM 0.32's gauges can read low for seconds (never high), so at least one and at
+    # most six (a CI rehearsal here saw 1).
     assert 1 <= died["evidence"]["before_max_num_requests_running"] <= 6
     assert "server_down" in [f["id"] for f in findings]
     assert not any(f["id"].startswith("startup_") for f in findings)  # it died serving, not starting
