@@ -21,16 +21,18 @@ def diagnose(ctx: Context) -> list[Finding]:
     suggestion is checked against the server's known flags; one the configuration makes ineffective
     is dropped and the finding says why (see :meth:`KnownFlags.ineffective`).
     """
-    found: list[tuple[Finding, bool]] = []
+    findings: list[Finding] = []
     for rule in [r for r in RULES if not r.only_when_quiet] + [r for r in RULES if r.only_when_quiet]:
         if (rule.needs_scrapes and not ctx.ok) or (ctx.tokens_stopped is not None and not rule.while_tokens_stopped):
             continue
-        if rule.only_when_quiet and any(f.severity != "info" for f, _ in found):
+        if rule.only_when_quiet and any(f.severity != "info" for f in findings):
             continue
-        found += [(_effective(f, ctx.flags), rule.leads) for f in run_rule(rule, ctx)]
-    ordered = sorted(found, key=lambda fl: (SEVERITY_ORDER[fl[0].severity], not fl[1],
-                                            fl[0].time_range[0] if fl[0].time_range else 0))
-    return [f for f, _ in ordered]
+        findings += [_effective(f, ctx.flags) for f in run_rule(rule, ctx)]
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.id not in _LEADING,
+                                           f.time_range[0] if f.time_range else 0))
+
+
+_LEADING = frozenset(fid for rule in RULES if rule.leads for fid in rule.finding_ids)
 
 
 def run_rule(rule: Rule, ctx: Context) -> list[Finding]:
