@@ -45,6 +45,9 @@ class ItlProfile:
 
     intervals: tuple[IntervalItl, ...]
     baseline_p50_seconds: float | None  # the window's median ITL (all its observations)
+    # The gap a decoder usually sees: the larger of that median and the median of the intervals'
+    # medians (one fast interval of thousands of gaps can set the first on a busy host).
+    usual_p50_seconds: float | None
     spike_threshold_seconds: float
     spikes: tuple[IntervalItl, ...]  # intervals whose tail share is above the threshold
     blocking: tuple[IntervalItl, ...]  # spikes next to a large prefill step
@@ -118,8 +121,8 @@ def itl_profile(
         blocking = []
     rises = low is not None and high is not None and high >= t.batch_p50_rise_factor * low
     long_prompts = count_above(prompt_len, t.hol_long_prompt_tokens) if prompt_len is not None else None
-    return ItlProfile(intervals, baseline, threshold, tuple(spikes), tuple(blocking), long_prompts, rises, low, high,
-                      low_running)
+    return ItlProfile(intervals, baseline, usual, threshold, tuple(spikes), tuple(blocking), long_prompts, rises, low,
+                      high, low_running)
 
 
 def large_step(steps: Histogram | None, computed_prefill_tokens: float, t: Thresholds) -> bool:

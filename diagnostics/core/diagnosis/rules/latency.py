@@ -26,7 +26,7 @@ def head_of_line(ctx: Context) -> list[Finding]:
     median: lower the chunked-prefill budget, not the batch (see
     :mod:`~diagnostics.core.diagnosis.latency`)."""
     t, prof = ctx.thresholds, ctx.itl
-    if not prof.head_of_line or prof.baseline_p50_seconds is None:
+    if not prof.head_of_line or prof.usual_p50_seconds is None:
         return []
     blocking = prof.blocking
     worst_p99 = max(iv.p99_seconds or 0.0 for iv in blocking)
@@ -36,7 +36,7 @@ def head_of_line(ctx: Context) -> list[Finding]:
     big = [count_above(iv.steps, t.hol_big_step_tokens) for iv in prof.intervals if iv.steps is not None]
     value, step_tokens = _chunk_budget(ctx)
     why = (f"Steps of about {step_tokens:,.0f} tokens stretched decode gaps from "
-           f"{prof.baseline_p50_seconds * 1000:.0f} to {worst_p99 * 1000:.0f} ms; at that cost per token, chunks of "
+           f"{prof.usual_p50_seconds * 1000:.0f} to {worst_p99 * 1000:.0f} ms; at that cost per token, chunks of "
            f"{value:,} keep a step under {prof.spike_threshold_seconds * 1000:.0f} ms. A smaller chunked-prefill "
            "budget splits a long prompt over several steps (vLLM docs: 'Smaller values (e.g., 2048) achieve "
            "better ITL').")
@@ -45,9 +45,10 @@ def head_of_line(ctx: Context) -> list[Finding]:
             id="head_of_line_blocking",
             severity="warning",
             title=f"Head-of-line blocking: ITL p99 up to {worst_p99 * 1000:.0f} ms next to long prefills "
-            f"(median {prof.baseline_p50_seconds * 1000:.0f} ms stays flat)",
+            f"(median {prof.usual_p50_seconds * 1000:.0f} ms stays flat)",
             evidence={
                 "itl_baseline_p50_seconds": prof.baseline_p50_seconds,
+                "itl_usual_p50_seconds": prof.usual_p50_seconds,
                 "itl_window_p50_seconds": p50,
                 "itl_window_p99_seconds": p99,
                 "itl_worst_interval_p99_seconds": worst_p99,
@@ -73,13 +74,13 @@ def head_of_line(ctx: Context) -> list[Finding]:
 
 def _chunk_budget(ctx: Context) -> tuple[int, float]:
     """The --max-num-batched-tokens that keeps a prefill-carrying step under the spike threshold,
-    and the step size it is scaled from: a step of S tokens stretched the gap from the baseline B to
+    and the step size it is scaled from: a step of S tokens stretched the gap from the usual B to
     the worst interval p99 W, so a chunk of S·(T−B)/(W−B) tokens gives about T. A power of two, at
     most half of the current budget when that is known (rounded down to a power of two as well),
     and at least ``min_chunk_tokens`` and --max-num-seqs (vLLM requires the budget to hold one token
     per sequence)."""
     prof = ctx.itl
-    base = prof.baseline_p50_seconds or 0.0
+    base = prof.usual_p50_seconds or 0.0
     worst = max(iv.p99_seconds or 0.0 for iv in prof.blocking)
     steps = [_largest_step(iv) for iv in prof.blocking]
     step_tokens = max(steps) if steps else ctx.thresholds.hol_big_step_tokens
