@@ -9,8 +9,11 @@ short keeps the cases it finished.
 
     flock /tmp/heavy.lock .venv/bin/python bench/whatif_validate.py [CASE ...] [--json out.json]
 
-Default cases: queue_cap_closed_loop, kv_pressure_blocks_override, hol_mid_sparse, slow_decode_small.
-Each takes two or three server starts and runs of its workload (about 1-2 minutes each here).
+Default cases: two workloads per class, the second on another model shape (the held-out recipes
+of tests/fixtures/incidents/heldout/RECIPES.md): queue_cap_closed_loop and ho_queue_cap_h8 (8 layers),
+kv_pressure_blocks_override and ho_kv_block32_h3 (3 layers), hol_mid_sparse and ho_hol_wide (wide),
+slow_decode_small and ho_slow_decode_h8 (8 layers). Each takes two or three server starts and runs
+of its workload (about 1-2 minutes each here).
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from diagnostics.core import whatif  # noqa: E402
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare  # noqa: E402
 from diagnostics.core.whatif.goals import Goal, seek  # noqa: E402
 from diagnostics.recording import read_recording  # noqa: E402
-from tests.fixtures.incidents.record import BY_NAME, record_case  # noqa: E402
+from tests.fixtures.incidents.record import BY_NAME, HELDOUT_BY_NAME, record_case  # noqa: E402
 
-DEFAULT = ("queue_cap_closed_loop", "kv_pressure_blocks_override", "hol_mid_sparse", "slow_decode_small")
+DEFAULT = ("queue_cap_closed_loop", "ho_queue_cap_h8", "kv_pressure_blocks_override", "ho_kv_block32_h3",
+           "hol_mid_sparse", "ho_hol_wide", "slow_decode_small", "ho_slow_decode_h8")
+CASES = {**BY_NAME, **HELDOUT_BY_NAME}
 SHOWN = whatif.METRICS
 
 
@@ -55,12 +60,12 @@ def error(pred: float | None, real: float | None) -> float | None:
 
 def record(name: str, work: Path, seed: int, tag: str, args: tuple[str, ...] | None = None) -> list[Any]:
     path = work / f"{name}-{tag}.jsonl.gz"
-    record_case(BY_NAME[name], work, seed, out=path, args=args)
+    record_case(CASES[name], work, seed, out=path, args=args)
     return read_recording(path).scrapes()
 
 
 def validate(name: str, work: Path, seed: int) -> dict[str, Any]:
-    case = BY_NAME[name]
+    case = CASES[name]
     budgets = Budgets(itl_ms=case.budgets.get("itl_ms"), ttft_ms=case.budgets.get("ttft_ms"))
     for attempt in range(3):  # as the corpus recorder does: a run that did not show the incident is redone
         scrapes = record(name, work, seed + attempt, "before")

@@ -1,7 +1,7 @@
 """The what-if screenshots in docs/screenshots/, taken in headless Chromium on real corpus
 recordings: the Diagnose page's "Find a change that meets the budget" answer on
-queue_cap_closed_loop (TTFT budget 2 s), and a head-of-line card on hol_long_prefills, whose window
-the replay does not reproduce (no after-value).
+queue_cap_closed_loop (TTFT budget 2 s), and a KV-pressure card on the held-out ho_kv_bytes_wide,
+whose window the replay does not reproduce (no after-value).
 
 Run (it starts Streamlit and Chromium): ``flock /tmp/heavy.lock .venv/bin/python -m tests.e2e.screenshots_whatif``
 """
@@ -46,10 +46,10 @@ def main() -> int:
         expect(page.get_by_text("Smallest change that meets the budget").first).to_be_visible()
         page.wait_for_timeout(2000)
         section(page, "Find a change that meets the budget (the simulated engine", OUT / "diagnose-goal-seek.png", 700, above=80)
-        _recording(page, url, INCIDENTS / "hol_long_prefills.jsonl.gz")
+        _recording(page, url, INCIDENTS / "heldout" / "ho_kv_bytes_wide.jsonl.gz")
         expect(page.get_by_text("does not reproduce this window").first).to_be_visible()
         page.wait_for_timeout(2000)
-        section(page, "Head-of-line blocking:", OUT / "diagnose-not-reproduced.png", 900, above=80)
+        section(page, "KV-cache pressure:", OUT / "diagnose-not-reproduced.png", 900, above=80)
     return 0
 
 

@@ -93,8 +93,11 @@ class Baseline:
         return {name: _relative_error(self.before.metrics[name], self.measured.metrics[name]) for name in METRICS}
 
     def checks(self, aimed: Sequence[str] = DEFAULT_AIM, tolerance: Reproduction = REPRODUCTION) -> tuple[Check, ...]:
-        """The baseline replay against the recording on ``aimed`` (:func:`.gate.check`)."""
-        return check(self.before.metrics, self.measured.metrics, aimed, tolerance)
+        """The baseline replay against the recording on ``aimed`` (:func:`.gate.check`, each latency
+        percentile judged against the bucket of the window's own histogram it was read from)."""
+        per_metric = {m: self.bounds["itl_bounds" if m.startswith("itl_") else "ttft_bounds"]
+                      for m in METRICS if m.startswith(("itl_", "ttft_"))}
+        return check(self.before.metrics, self.measured.metrics, aimed, tolerance, per_metric)
 
     def predict(self, changes: Mapping[str, str | float | int | bool], aimed: Sequence[str] = DEFAULT_AIM,
                 tolerance: Reproduction = REPRODUCTION) -> Prediction:

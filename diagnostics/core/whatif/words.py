@@ -37,14 +37,19 @@ def _same_unit(a: str, b: str) -> str:
 
 
 def check_text(check: Check) -> str:
-    """"ITL p99 64 vs 278 ms recorded": one aimed metric, the baseline replay against the recording."""
+    """"ITL p99 64 vs 278 ms recorded": one aimed metric, the baseline replay against the recording
+    (", 250–300 ms by its histogram" when the recorded value is known only to a bucket)."""
     label = LABELS.get(check.metric, check.metric)
     if check.recorded is None:
         return f"the window does not record {label}"
     if check.replayed is None:
         return f"{label}: none replayed vs {fmt_value(check.metric, check.recorded)} recorded"
     recorded = fmt_value(check.metric, check.recorded)
-    return f"{label} {_same_unit(fmt_value(check.metric, check.replayed), recorded)} vs {recorded} recorded"
+    said = f"{label} {_same_unit(fmt_value(check.metric, check.replayed), recorded)} vs {recorded} recorded"
+    if check.recorded_bucket is not None:
+        low, high = (fmt_value(check.metric, v) for v in check.recorded_bucket)
+        said += f", {_same_unit(low, high)}–{high} by its histogram"
+    return said
 
 
 def not_reproduced(checks: Sequence[Check]) -> str:
