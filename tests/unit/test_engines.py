@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from diagnostics.core.diagnosis import Thresholds, diagnose, prepare
 from diagnostics.core.diagnosis.data_parallel import load_skews, per_engine, silent_ranks, slow_ranks
@@ -17,11 +18,13 @@ from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
 
 INCIDENTS = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 ENGINE_FAMILIES = ("generation_tokens_total", "prompt_tokens_total")
+E2E_BOUNDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0)  # vLLM 0.32's, up to 30 s
 
 
-def payload(engines: Sequence[dict[str, float]]) -> str:
+def payload(engines: Sequence[dict[str, Any]]) -> str:
     """/metrics text of a two-engine (DP) server: each engine's counters, gauges and step count."""
     lines = []
     for i, e in enumerate(engines):
@@ -36,10 +39,18 @@ def payload(engines: Sequence[dict[str, float]]) -> str:
             f"vllm:iteration_tokens_total_count{{{lab}}} {e['steps']}",
             f"vllm:iteration_tokens_total_sum{{{lab}}} {e['gen'] + e.get('prompt', 0.0)}",
         ]
+        if "e2e" in e:  # requests finished, by the lower bound of their end-to-end latency bucket
+            done = e["e2e"]
+            for bound in E2E_BOUNDS:
+                below = sum(n for lower, n in done.items() if lower < bound)
+                lines.append(f'vllm:e2e_request_latency_seconds_bucket{{{lab},le="{bound}"}} {below}')
+            lines += [f'vllm:e2e_request_latency_seconds_bucket{{{lab},le="+Inf"}} {sum(done.values())}',
+                      f"vllm:e2e_request_latency_seconds_count{{{lab}}} {sum(done.values())}",
+                      f"vllm:e2e_request_latency_seconds_sum{{{lab}}} {sum(k * n for k, n in done.items())}"]
     return "\n".join(lines) + "\n"
 
 
-def window(rows: Sequence[tuple[dict[str, float], dict[str, float]]]) -> list[Scrape]:
+def window(rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> list[Scrape]:
     return [Scrape(float(t), parse_snapshot(payload(row))) for t, row in enumerate(rows)]
 
 
@@ -76,6 +87,57 @@ def test_a_rank_that_reported_running_requests_is_hung_even_if_its_peer_does_not
 def test_an_idle_rank_beside_a_peer_serving_one_request_at_a_time_is_not_hung() -> None:
     # One token a step: one sequence at a time, which the balancer sends to engine 0 on ties.
     assert silent_ranks([(s, s.snapshot) for s in stop_engine_1(8, 1.0)], 5.0, 1.05) == []
+
+
+def resumed_engine_1(held_e2e_seconds: float) -> list[Scrape]:
+    """Both engines serve 4 s, engine 1 is silent 10 s beside a peer decoding one sequence a step
+    (its gauges frozen at 0), then resumes and finishes one request whose end-to-end latency lies
+    in the bucket starting at ``held_e2e_seconds``, and serves on for 3 s."""
+    rows = []
+    e0: dict[str, Any] = {"gen": 0.0, "prompt": 0.0, "steps": 0.0}
+    e1: dict[str, Any] = {"gen": 0.0, "prompt": 0.0, "steps": 0.0, "e2e": {0.3: 0.0}}
+    for t in range(18):
+        if t < 4 or t >= 14:
+            e1 = {**e1, "gen": e1["gen"] + 100, "prompt": e1["prompt"] + 10, "steps": e1["steps"] + 100}
+        if t == 15:
+            e1 = {**e1, "e2e": {**e1["e2e"], held_e2e_seconds: 1.0}}
+        e0 = {"gen": e0["gen"] + 100, "prompt": e0["prompt"] + 10, "steps": e0["steps"] + 100}
+        rows.append((dict(e0), dict(e1)))
+    return window(rows)
+
+
+def test_a_rank_whose_first_requests_after_a_silence_took_as_long_held_them() -> None:
+    """Frozen gauges at 0 and a peer decoding one sequence a step say nothing; a request engine 1
+    finished right after its 10 s silence that took 10-15 s end to end was in flight on it all
+    along. One of 2.5-5 s (under half the silence) may have come in late: not evidence."""
+    held = silent_ranks([(s, s.snapshot) for s in resumed_engine_1(10.0)], 5.0, 1.05)
+    assert [(r.engine, r.held_through, r.ongoing) for r in held] == [(("m", "1"), 1.0, False)]
+    assert held[0].holds_requests and not held[0].last_running
+    assert silent_ranks([(s, s.snapshot) for s in resumed_engine_1(2.5)], 5.0, 1.05) == []
+    assert silent_ranks([(s, s.snapshot) for s in resumed_engine_1(5.0)], 5.0, 1.05) != []  # 5 s: half of 10
+
+
+def test_a_real_stopped_rank_on_a_busy_host_is_hung_though_its_gauges_froze_at_zero() -> None:
+    """The integration test's workload (4 requests a second of 128 tokens, rank 1 SIGSTOPped 10 s)
+    on a host with one core kept busy: engine 0 decoded exactly one token a step (the requests came
+    one after another), rank 1's gauges froze at 0 running, and the diagnosis said nothing but
+    'no ITL budget' (the clients' longest request took 12.9 s). Once rank 1 resumed, the frontend's
+    end-to-end histogram for it counted the request it had held through the stop."""
+    recording = read_recording(FIXTURES / "recording-hung-rank-busy-host-0.32.0.jsonl.gz")
+    scrapes = list(recording.scrapes())
+    ok = [s.snapshot for s in scrapes if s.snapshot is not None]
+    # Engine 1's requests over 5 s end to end in the whole window, from its own histogram.
+    first, last = ok[0].histogram("e2e_request_latency_seconds", ("tiny", "1")), \
+        ok[-1].histogram("e2e_request_latency_seconds", ("tiny", "1"))
+    assert first is not None and last is not None
+    at_5 = last.bounds.index(5.0)
+    slow = (last.count - last.cumulative[at_5]) - (first.count - first.cumulative[at_5])
+    assert slow == 1
+    findings = diagnose(prepare(scrapes, info=recording.info()))
+    assert findings[0].id == "hung_rank" and findings[0].severity == "critical", [f.id for f in findings]
+    ev = findings[0].evidence
+    assert ev["engine"] == "1" and ev["requests_held_through_silence"] == slow and "last_num_requests_running" not in ev
+    assert ev["peer_max_sequences_per_step"] == 1.0 and 9.0 <= ev["seconds_without_tokens"] <= 12.0
 
 
 def test_a_silence_shorter_than_the_threshold_is_not_reported() -> None:

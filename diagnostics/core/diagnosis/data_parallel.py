@@ -18,6 +18,11 @@ one sequence yields exactly one token a step without speculative decoding), or t
 requests of its own, holds requests it does not serve. A rank idle because the balancer's tie-break
 gave every request to engine 0 (one client at a time) does not qualify: engine 0 then decodes one
 sequence a step. On a 2-core machine the peers of a stopped rank decoded 1.09–1.11 tokens a step.
+On a busy one they decoded exactly one (4 requests a second of 128 tokens arrived one after
+another), and the stopped rank's gauges had frozen at 0: it was stopped between reporting and
+serving the request it had just been sent. Once such a rank resumes, the frontend's own end-to-end
+latency histogram for that engine says it: the requests it finishes right after the silence took at
+least as long as the silence, so they were in flight on it all along (``held_through``).
 """
 
 from __future__ import annotations
@@ -64,10 +69,19 @@ class SilentRank:
     last_running: float | None  # what the engine last reported holding (its gauges then froze)
     last_waiting: float | None
     last_kv_cache_usage_perc: float | None
+    # Requests the rank finished right after the silence whose end-to-end latency was at least half
+    # the silence (the lower bound of their bucket): in flight on it while it produced nothing.
+    held_through: float = 0.0
 
     @property
     def seconds(self) -> float:
         return self.until - self.since
+
+    @property
+    def holds_requests(self) -> bool:
+        """The rank held requests it did not serve: its frozen gauges say so, or requests it finished
+        when it resumed had waited through the silence."""
+        return bool(self.last_running or self.last_waiting or self.held_through)
 
 
 def engine_name(engine: EngineKey) -> str:
@@ -135,7 +149,8 @@ def silent_ranks(
                 run.append(iv)
                 continue
             if run:
-                rank = _judge(engine, run, peers, snaps, last_ts, min_seconds, peer_batch, iv is None)
+                rank = _judge(engine, run, peers, snaps, last_ts, min_seconds, peer_batch, iv is None,
+                              _held_through(ok, engine, run[0].start, run[-1].end))
                 if rank is not None:
                     found.append(rank)
             run = []
@@ -151,6 +166,7 @@ def _judge(
     min_seconds: float,
     peer_batch: float,
     at_end: bool,
+    held_through: float,
 ) -> SilentRank | None:
     since, until = run[0].start, run[-1].end
     if until - since < min_seconds:
@@ -165,11 +181,32 @@ def _judge(
     running = before.value("num_requests_running", engine) if before is not None else None
     waiting = before.value("num_requests_waiting", engine) if before is not None else None
     usage = before.value("kv_cache_usage_perc", engine) if before is not None else None
-    held = (running or 0) + (waiting or 0) > 0
+    held = (running or 0) + (waiting or 0) > 0 or held_through > 0
     if not held and (max_batch is None or max_batch <= peer_batch):
         return None  # the peers took one request at a time: this rank may simply have had none
     return SilentRank(engine, since, until, at_end and until >= last_ts,
-                      sum(iv.generation_tokens or 0.0 for iv in serving), max_batch, running, waiting, usage)
+                      sum(iv.generation_tokens or 0.0 for iv in serving), max_batch, running, waiting, usage,
+                      held_through)
+
+
+def _held_through(ok: Sequence[tuple[Scrape, Snapshot]], engine: EngineKey, since: float, until: float) -> float:
+    """How many requests ``engine`` finished from the end of its silence until as long again after
+    (at least 5 s) whose end-to-end latency bucket starts at half the silence or more: each was in
+    flight on it through most of the silence (a rank that serves a request produces its tokens)."""
+    silence = until - since
+    after = [snap for s, snap in ok if until <= s.ts <= until + max(5.0, silence)]
+    if len(after) < 2 or restarted(after[0], after[-1]):
+        return 0.0
+    ha = after[0].histogram("e2e_request_latency_seconds", engine)
+    hb = after[-1].histogram("e2e_request_latency_seconds", engine)
+    if ha is None or hb is None or ha.bounds != hb.bounds:
+        return 0.0
+    held = 0.0
+    for lower, upper, a0, a1, b0, b1 in zip((0.0, *hb.bounds), hb.bounds, (0.0, *ha.cumulative), ha.cumulative,
+                                          (0.0, *hb.cumulative), hb.cumulative):
+        if lower >= 0.5 * silence and upper > lower:
+            held += max(0.0, (b1 - b0) - (a1 - a0))
+    return held
 
 
 @dataclass(frozen=True, slots=True)

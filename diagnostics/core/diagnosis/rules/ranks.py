@@ -16,10 +16,9 @@ def hung_rank(ctx: Context) -> list[Finding]:
     findings = []
     skews = ctx.skews_lasting(ctx.thresholds.skew_min_seconds)
     for rank in ctx.silent_ranks:
-        if not (rank.last_running or rank.last_waiting) and any(
-                skew.peer == rank.engine and skew.since <= rank.since for skew in skews):
-            # Requests were routed away from this rank while it answered, and it last reported holding
-            # none: idle, not hung. One that reported requests of its own is hung whatever the routing.
+        if not rank.holds_requests and any(skew.peer == rank.engine and skew.since <= rank.since for skew in skews):
+            # Requests were routed away from this rank while it answered, and nothing says it held
+            # any: idle, not hung. One that held requests of its own is hung whatever the routing.
             continue
         name = engine_name(rank.engine)
         held = [f"{v:.0f} {what}" for v, what in ((rank.last_running, "running"), (rank.last_waiting, "waiting"))
@@ -38,13 +37,16 @@ def hung_rank(ctx: Context) -> list[Finding]:
                 # non-zero value says something.
                 **({"last_num_requests_running": rank.last_running, "last_num_requests_waiting": rank.last_waiting,
                     "last_kv_cache_usage_perc": rank.last_kv_cache_usage_perc} if held else {}),
+                **({"requests_held_through_silence": rank.held_through} if rank.held_through else {}),
             },
             checks=(
                 f"Dump the stacks of the EngineCore_DP{rank.engine[1] or '0'} process (py-spy dump --pid <pid>) "
                 "before restarting: a stopped or swapping process, a hung device or a stuck RPC is not a tuning "
                 "problem.",
                 "Requests the load balancer already sent to this rank get no answer until it resumes or restarts"
-                + (f"; it last reported {' and '.join(held)}." if held else "."),
+                + (f"; it last reported {' and '.join(held)}" if held else "")
+                + (f"; the {rank.held_through:.0f} it finished when it resumed had waited through the silence."
+                   if rank.held_through else "."),
                 "The server's totals only drop by this rank's share: whole-server charts look merely slower.",
             ),
             time_range=(rank.since, rank.until),
