@@ -76,6 +76,15 @@ def test_a_recorded_percentile_is_known_to_its_bucket() -> None:
     c16, = whatif.check({"itl_p99_seconds": 16.0}, past, ("itl_p99_seconds",), bounds=bounds)
     c20, = whatif.check({"itl_p99_seconds": 20.0}, past, ("itl_p99_seconds",), bounds=bounds)
     assert c16.recorded_bucket is None and c16.reproduces and not c20.reproduces
+    # A percentile at a bucket's upper bound is in that bucket (le is inclusive): 8 s is 60 % past
+    # a recorded 5 s, though within 50 % of the next bucket's 7.5 s.
+    assert whatif.bucket_of(5.0, bounds["itl_p99_seconds"]) == (2.5, 5.0)
+    assert whatif.bucket_of(2.5, bounds["itl_p99_seconds"]) == (1.0, 2.5)
+    (c8,) = whatif.check({"itl_p99_seconds": 8.0}, {"itl_p99_seconds": 5.0}, ("itl_p99_seconds",), bounds=bounds)
+    assert not c8.reproduces
+    assert whatif.check_text(c) == "ITL p99 5,190 vs 2,820 ms recorded, 2,500–5,000 ms by its histogram"
+
+
 def test_each_finding_is_checked_on_what_it_is_about() -> None:
     assert whatif.aimed_for(["head_of_line_blocking"]) == ("itl_p99_seconds",)
     assert whatif.aimed_for(["queue_at_cap"]) == ("ttft_p95_seconds",)
@@ -191,6 +200,8 @@ def test_a_queue_whose_gauges_read_zero_is_not_reproduced() -> None:
     assert not pred.reproduces
     assert pred.checks[0].recorded == pytest.approx(p95)
     assert f"{p95:,.1f} s recorded" in whatif.summary(pred)
+    assert 10.0 < p95 <= 20.0  # the recording's (10, 20] s TTFT bucket, named beside the point
+    assert "10.0–20.0 s by its histogram" in whatif.summary(pred)
     assert pred.metric("ttft_p95_seconds")["after"] is None
 
 
@@ -211,6 +222,12 @@ def test_real_incidents_the_replay_reproduces(name: str, budgets: dict[str, floa
     real = recorded_quantile(scrapes, q, concept)
     assert c.recorded == pytest.approx(real)
     assert c.reproduces and c.replayed is not None and abs(c.replayed - real) <= 0.5 * real
+    # The bucket named is the one of this metric's own histogram (its le labels) that holds the value.
+    hist = histogram_delta([s for s in scrapes if s.snapshot is not None], concept)
+    assert hist is not None and c.recorded_bucket is not None
+    lower, upper = c.recorded_bucket
+    assert upper in hist.bounds and (lower == 0.0 or lower in hist.bounds) and lower < real <= upper
+    assert hist.bounds.index(upper) == (hist.bounds.index(lower) + 1 if lower else 0)
 
 
 # -- the CLI --------------------------------------------------------------------------------------
