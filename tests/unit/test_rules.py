@@ -976,3 +976,11 @@ def test_no_rejection_no_admission_finding() -> None:
     history = [_queue_payload(float(t), capacity=2) for t in range(8)]
     ids = [f.id for f in diagnose(prepare(history, max_num_seqs=4))]
     assert "admission_rejected" not in ids and "waiting_deferred" not in ids  # waiting for capacity is not deferred
+
+
+def test_a_kv_cache_pinned_at_a_mebibyte_says_so_not_zero_gib() -> None:
+    """heldout/ho_kv_bytes_wide pins the cache at 1,152 KiB (its recipe): the reason said "0.00 GiB"."""
+    recording = read_recording(FIXTURES / "incidents" / "heldout" / "ho_kv_bytes_wide.jsonl.gz")
+    kv = next(f for f in diagnose(prepare(list(recording.scrapes()))) if f.id == "kv_pressure")
+    why = next(s.why for s in kv.suggestions if s.flag == "--kv-cache-memory-bytes")
+    assert "pinned at 1.1 MiB by --kv-cache-memory-bytes" in why, why

@@ -10,6 +10,7 @@ from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, whole
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
 from diagnostics.core.metrics.derive import histogram_delta, histogram_quantile, labelled_increase
+from diagnostics.core.text import fmt_bytes
 
 # vLLM's own defaults, for a server whose flags are not known.
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -29,7 +30,7 @@ def more_kv_capacity(flags: KnownFlags, t: Thresholds) -> Suggestion | None:
         size = flags.kv_cache_memory_bytes
         value = int(math.ceil(size * t.kv_pin_raise_factor / 2**20)) * 2**20
         return Suggestion("--kv-cache-memory-bytes", "increase", value,
-                          f"The KV cache is pinned at {size / 2**30:.2f} GiB by --kv-cache-memory-bytes, so "
+                          f"The KV cache is pinned at {fmt_bytes(size)} by --kv-cache-memory-bytes, so "
                           "--gpu-memory-utilization is ignored for its size (raise it within the device's "
                           "memory, or drop it; on the CPU backend VLLM_CPU_KVCACHE_SPACE sets it too).")
     util = flags.gpu_memory_utilization
