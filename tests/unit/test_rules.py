@@ -984,3 +984,22 @@ def test_a_kv_cache_pinned_at_a_mebibyte_says_so_not_zero_gib() -> None:
     kv = next(f for f in diagnose(prepare(list(recording.scrapes()))) if f.id == "kv_pressure")
     why = next(s.why for s in kv.suggestions if s.flag == "--kv-cache-memory-bytes")
     assert "pinned at 1.1 MiB by --kv-cache-memory-bytes" in why, why
+
+
+def test_a_chunk_held_at_its_floor_is_not_said_to_keep_steps_under_the_spike_line() -> None:
+    """hol_long_prefills: 1,900-token prompts filled 2,048-token steps of ~5 s. Chunks of 512 (the
+    floor) are a quarter of that step, still about a second and far above the ~190 ms spike line:
+    the reason says what they still cost and that each stall is split in four, not that they keep a
+    step under the line. On the busy-host recording (325 ms usual gaps, 4,096-token steps) an
+    eighth of the step does fit under its 975 ms line, and the reason says so."""
+    def why(path: Path) -> str:
+        recording = read_recording(path)
+        hol = next(f for f in diagnose(prepare(list(recording.scrapes()), info=recording.info()))
+                   if f.id == "head_of_line_blocking")
+        return hol.suggestions[0].why
+
+    long_prefills = why(FIXTURES / "incidents" / "hol_long_prefills.jsonl.gz")
+    assert "keep a step under" not in long_prefills and "split each stall into 4" in long_prefills
+    still = float(re.search(r"still take about ([\d,]+) ms a step", long_prefills).group(1).replace(",", ""))  # type: ignore[union-attr]
+    assert 1000 < still < 2000  # a quarter of a ~5 s step
+    assert "keep a step under 975 ms" in why(FIXTURES / "recording-hol-busy-host-0.32.0.jsonl.gz")

@@ -35,11 +35,19 @@ def head_of_line(ctx: Context) -> list[Finding]:
     p50, p99 = histogram_quantile(0.5, window), histogram_quantile(0.99, window)
     big = [count_above(iv.steps, t.hol_big_step_tokens) for iv in prof.intervals if iv.steps is not None]
     value, step_tokens = _chunk_budget(ctx)
+    usual = prof.usual_p50_seconds
+    # What a step carrying one chunk costs at the window's cost per prefilled token: under the spike
+    # line, unless the chunk was held at its floor (then say what it still costs).
+    chunk_step = usual + (worst_p99 - usual) * value / max(step_tokens, 1.0)
+    reaches = (f"chunks of {value:,} keep a step under {prof.spike_threshold_seconds * 1000:.0f} ms"
+               if chunk_step <= prof.spike_threshold_seconds * 1.05 else
+               f"chunks of {value:,} (the smallest advised here) still take about {chunk_step * 1000:,.0f} ms a step, "
+               f"above the {prof.spike_threshold_seconds * 1000:.0f} ms spike line, but split each stall into "
+               f"{max(1, round(step_tokens / value))}")
     why = (f"Steps of about {step_tokens:,.0f} tokens stretched decode gaps from "
-           f"{prof.usual_p50_seconds * 1000:.0f} to {worst_p99 * 1000:.0f} ms; at that cost per token, chunks of "
-           f"{value:,} keep a step under {prof.spike_threshold_seconds * 1000:.0f} ms. A smaller chunked-prefill "
-           "budget splits a long prompt over several steps (vLLM docs: 'Smaller values (e.g., 2048) achieve "
-           "better ITL').")
+           f"{usual * 1000:.0f} to {worst_p99 * 1000:.0f} ms; at that cost per token, {reaches}. A smaller "
+           "chunked-prefill budget splits a long prompt over several steps (vLLM docs: 'Smaller values (e.g., "
+           "2048) achieve better ITL').")
     return [
         Finding(
             id="head_of_line_blocking",
