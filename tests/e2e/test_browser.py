@@ -57,8 +57,14 @@ def test_live_numbers_move_during_a_burst(page: Page, streamlit_url: str, vllm_m
         seen.add(metric_value(page, "Generation tok/s"))
         return len(seen) >= 3 and any(re.match(r"[1-9]", v) for v in seen)
 
+    # KV, queue, prefix, throughput, TTFT, ITL at least (e2e and queue time need finished requests);
+    # a latency chart is drawn once an interval has observations, which a busy host can take a while to give.
+    def drawn() -> int:
+        return int(page.locator(".js-plotly-plot").count())
+
     try:
         wait_for(moved, timeout=120, step=0.5)
+        wait_for(lambda: drawn() >= 6, timeout=120, step=0.5)
         shoot(page, "live-burst.png")
     finally:
         stop.set()
@@ -66,8 +72,7 @@ def test_live_numbers_move_during_a_burst(page: Page, streamlit_url: str, vllm_m
     assert set(clients.statuses) == {200}, clients.summary()
     assert any(re.match(r"[1-9]", v) for v in seen), seen
     assert len(seen) >= 3, seen
-    # KV, queue, prefix, throughput, TTFT, ITL at least (e2e and queue time need finished requests).
-    assert page.locator(".js-plotly-plot").count() >= 6
+    assert drawn() >= 6, page.locator("[data-testid='stAlert']").all_inner_texts()
 
 
 def test_replay_page_opens_a_recording(page: Page, streamlit_url: str) -> None:

@@ -420,6 +420,8 @@ def test_a_burst_past_the_queue_limit_is_rejected_and_named(
         print(f"retrying: {count} requests at once, none turned away; sending {2 * count}")
     else:
         pytest.fail(f"in 3 bursts of up to {count} requests the server turned none away")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, ARTIFACTS / "recording-admission.jsonl.gz")  # to read back when this fails
     code, findings = diagnose_cli("--replay", str(path))
     found = by_id(findings, "admission_rejected")
     # The server's counter agrees with what the clients were answered.

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -101,26 +102,67 @@ def test_caps_refuse_an_over_large_probe(vllm_main: VllmServer) -> None:
 
 
 def test_a_cancel_stops_the_requests_in_flight(vllm_main: VllmServer) -> None:
-    # On a busy host the engine can finish the cancelled requests before the API server hears the
-    # clients close (a run once saw 16 requests' 16 x 400 tokens all generated): nothing was left to
-    # abort. That run is retried with longer requests, judged on the server's own counters.
+    # Judged on the server's counters. A probe's requests run in waves that end together; a busy host
+    # once cancelled as one wave ended and the next had no token yet (nothing in flight to abort), and
+    # once while the last of a wave were a few tokens from their end (the server finished them). The
+    # cancel now waits until the requests in flight are at most halfway through; a run where the
+    # server still finished every request it started is retried with longer requests and says so.
     for max_tokens in (400, 1000, 1800):  # the tiny model holds 2,048 positions, 128 in the prompt
         if _cancel_mid_probe(vllm_main, max_tokens):
             print(f"cancel with max_tokens={max_tokens}: the server aborted requests mid-generation")
             return
-        print(f"cancel with max_tokens={max_tokens}: the server cut no request short (it finished every one it "
-              "had started before the clients closed); again with longer requests")
+        print(f"cancel with max_tokens={max_tokens}: the server finished every request it had started; "
+              "again with longer requests")
     pytest.fail("three cancels, and the server ran every request it had started to its end each time")
 
 
+@dataclass(frozen=True)
+class _Served:
+    """What the server's counters say of the probe's requests since ``base``: vLLM counts a
+    request's prompt tokens with its first token, and its finish (stop or length; an aborted one
+    under neither) at its end. With ignore_eos a finished request generated exactly ``max_tokens``."""
+
+    started: float
+    finished: float
+    generated: float
+    running: float
+
+    @staticmethod
+    def read(collector: Collector, base: _Served | None = None, prompt_tokens: int = 1) -> _Served:
+        snaps = [s.snapshot for s in collector.history() if s.snapshot is not None]
+        assert snaps, "no scrape of the server"
+        last = snaps[-1]
+        by_reason = last.by_label("request_success") or {}
+        now = _Served((last.value("prompt_tokens") or 0.0) / prompt_tokens,
+                      by_reason.get("stop", 0.0) + by_reason.get("length", 0.0),
+                      last.value("generation_tokens") or 0.0, last.value("num_requests_running") or 0.0)
+        if base is None:
+            return now
+        return _Served(now.started - base.started, now.finished - base.finished, now.generated - base.generated,
+                       now.running)
+
+    def in_flight_tokens(self, max_tokens: int) -> float:
+        return self.generated - self.finished * max_tokens
+
+
 def _cancel_mid_probe(server: VllmServer, max_tokens: int) -> bool:
-    """Cancel a probe in flight; check what the probe kept and that the server ends idle. Whether
-    the server cut requests short, by its own counters: with ignore_eos every request it finished
-    generated exactly ``max_tokens``, so tokens beyond that count came from requests it aborted."""
+    """Cancel a probe while the server holds requests at most halfway through; check what the probe
+    kept, that the server ends idle, and that it finished fewer requests than it started (the rest it
+    aborted, having generated less than in full)."""
+    spec = ProbeSpec(concurrency=8, requests=400, max_tokens=max_tokens)
     collector = Collector(VllmClient(server.url), interval_seconds=0.5).start()
     try:
-        probe = Probe(server.url, ProbeSpec(concurrency=8, requests=400, max_tokens=max_tokens)).start()
+        assert wait_for(lambda: any(s.snapshot is not None for s in collector.history()), timeout=60)
+        base = _Served.read(collector, prompt_tokens=spec.prompt_tokens)
+        probe = Probe(server.url, spec).start()
+
+        def mid_generation() -> bool:
+            now = _Served.read(collector, base, spec.prompt_tokens)
+            in_flight = now.started - now.finished
+            return now.running > 0 and in_flight >= 1 and 0 < now.in_flight_tokens(max_tokens) <= in_flight * max_tokens / 2
+
         assert wait_for(lambda: probe.progress()[1] >= 2, timeout=180), "the probe never got going"
+        assert wait_for(mid_generation, timeout=120, step=0.2), "the server never held requests mid-generation"
         probe.cancel()
         summary = probe.wait(20)
         assert summary is not None and summary.cancelled
@@ -129,22 +171,19 @@ def _cancel_mid_probe(server: VllmServer, max_tokens: int) -> bool:
         assert len(summary.results) < 400
         probe.cancel()  # a second cancel, after the run ended, is harmless
         # vLLM aborts what the clients closed: nothing left running after a while.
-        def idle() -> bool:
-            last = collector.history()[-1].snapshot
-            return last is not None and last.value("num_requests_running") == 0
-
-        assert wait_for(idle, step=0.5), "requests still running on the server a minute after the cancel"
+        assert wait_for(lambda: _Served.read(collector).running == 0, step=0.5), \
+            "requests still running on the server a minute after the cancel"
         time.sleep(1.0)
-        snaps = [s.snapshot for s in collector.history() if s.snapshot is not None]
-        first, last = snaps[0].by_label("request_success") or {}, snaps[-1].by_label("request_success") or {}
-        # vLLM 0.32 counts a request that ran to its end (stop or length) here, none it aborted.
-        finished = sum(last.get(r, 0) - first.get(r, 0) for r in ("stop", "length"))
-        generated = (snaps[-1].value("generation_tokens") or 0) - (snaps[0].value("generation_tokens") or 0)
-        cut_short = generated - finished * max_tokens
-        if cut_short <= 0:
+        end = _Served.read(collector, base, spec.prompt_tokens)
+        aborted = end.started - end.finished
+        print(f"server counters over the cancel: {end.started:.0f} requests started, {end.finished:.0f} finished "
+              f"(stop+length), {end.generated:.0f} tokens generated; {len(summary.results)} requests at the client "
+              f"({len(summary.ok)} ok)")
+        if aborted < 1:
             return False
-        # ... and fewer than the requests it did not finish would have generated in full.
-        assert cut_short < (len(summary.results) - finished) * max_tokens, (generated, finished, len(summary.results))
+        # The ones it aborted generated something, and less than they would have in full.
+        assert 0 < end.in_flight_tokens(max_tokens) < aborted * max_tokens, end
+        assert end.finished >= len(summary.ok) and end.started <= len(summary.results), (end, len(summary.results))
         return True
     finally:
         collector.stop()

@@ -211,6 +211,26 @@ def test_the_batch_cap_is_read_up_to_five_seconds_before_the_first_rejection() -
     assert (far.suggestions[0].flag, far.suggestions[0].direction) == ("--max-num-queued-reqs", "increase")
 
 
+@pytest.mark.parametrize(("failed_for", "flag"), [(10, "--max-num-seqs"), (200, "--max-num-queued-reqs")])
+def test_the_batch_cap_is_read_through_the_drain_until_the_server_is_idle(failed_for: int, flag: str) -> None:
+    """A burst turned away at 3–4 s while one request was running (the engine still ramping); then
+    the busy host's scrapes fail for ``failed_for`` seconds; the drain after them shows the batch at
+    its cap of 4 (two waiting) until the server goes idle 10 s later. The batch cap held that queue,
+    however long after the 10 s drain window the scrapes came back (``admission_settle_seconds``,
+    120 s): seen 200 s later it is another episode, and the limit itself is named."""
+    def at(t: int) -> Scrape:
+        if 4 < t <= 4 + failed_for:
+            return Scrape(float(t), None, error="timed out")
+        draining = 4 + failed_for < t <= 14 + failed_for
+        return Scrape(float(t), parse_snapshot(
+            synth_text(gen=100 * t, running=4 if draining else (1 if t <= 4 else 0), waiting=2 if draining else 0,
+                       usage=0.3)
+            + f'vllm:admission_rejections_total{{model_name="m",reason="max_num_queued_reqs"}} {0 if t < 4 else 10}\n'))
+
+    f = find(diagnose(prepare([at(t) for t in range(failed_for + 20)], max_num_seqs=4)), "admission_rejected")
+    assert (f.suggestions[0].flag, f.suggestions[0].direction) == (flag, "increase")
+
+
 def test_one_second_without_tokens_is_not_yet_tokens_stopped() -> None:
     """A queue at the cap whose last scrape saw no new token: too short to hold the queue advice back."""
     per_second = [{"gen": 100.0 if t < 9 else 0.0, "running": 4, "waiting": 10, "usage": 0.3} for t in range(10)]

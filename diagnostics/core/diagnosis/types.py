@@ -88,6 +88,9 @@ class Thresholds:
     # After a burst was turned away, the queue the limit protected drains for up to this long: a batch
     # at its cap in that time is what held the queue (the gauges can miss a short burst itself).
     admission_drain_seconds: float = 10.0
+    # ... and longer, until the server is idle again, for at most this long: the requests admitted with
+    # the burst finish over the whole drain, and a busy host's scrapes can fail through most of it.
+    admission_settle_seconds: float = 120.0
     # Requests around a rejected burst that queued at least this share of their decode time waited
     # for a running request to finish (a full batch), not for the next step.
     admission_queued_share: float = 0.2

@@ -276,6 +276,17 @@ def waiting_deferred(ctx: Context) -> list[Finding]:
     )]
 
 
+def _drained(ctx: Context, end: float) -> float:
+    """When the queue behind a rejected burst (last counted at ``end``) had drained: the first good
+    scrape after it with nothing running or waiting, at least ``admission_drain_seconds`` and at most
+    ``admission_settle_seconds`` after it."""
+    t = ctx.thresholds
+    idle = next((s.ts for s, snap in ctx.ok if s.ts > end and not snap.value("num_requests_running")
+                 and not snap.value("num_requests_waiting")), None)
+    settled = end + t.admission_settle_seconds if idle is None else min(idle, end + t.admission_settle_seconds)
+    return max(end + t.admission_drain_seconds, settled)
+
+
 def admission_rejected(ctx: Context) -> list[Finding]:
     """Requests the frontend turned away (HTTP 503) at ``--max-num-queued-reqs`` /
     ``--max-num-queued-tokens`` (vLLM 0.32+): say which limit, and whether the batch cap, the KV
@@ -288,8 +299,7 @@ def admission_rejected(ctx: Context) -> list[Finding]:
         return []
     rising = [(a, b) for a, b, inc in counter_steps(scrapes, labels_total("admission_rejections")) if inc > 0]
     start, end = rising[0][0], rising[-1][1]
-    around = [(s, snap) for s, snap in ctx.ok
-              if start - t.admission_lead_seconds <= s.ts <= end + t.admission_drain_seconds]
+    around = [(s, snap) for s, snap in ctx.ok if start - t.admission_lead_seconds <= s.ts <= _drained(ctx, end)]
     near = [snap for _, snap in around]
     cap = flags.max_num_seqs or max_gauge(ctx, "num_requests_running")
     usage = max((snap.value("kv_cache_usage_perc") or 0.0) for snap in near)
