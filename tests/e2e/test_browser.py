@@ -46,10 +46,11 @@ def test_overview_shows_the_real_server(page: Page, streamlit_url: str) -> None:
 def test_live_numbers_move_during_a_burst(page: Page, streamlit_url: str, vllm_main: VllmServer) -> None:
     page.goto(streamlit_url + "/Live")
     expect(page.get_by_text("KV-cache block usage").first).to_be_visible()
-    # 40 clients in a closed loop until the panel has moved: load for as long as the page needs,
+    # 40 clients in a closed loop until the panel has moved and the charts are drawn (at most 300 s,
+    # longer than both waits): load for as long as the page needs,
     # however fast the server drains a fixed burst.
     clients, stop = load.Clients(), threading.Event()
-    thread = load.closed_loop(vllm_main.url, clients, 40, 180.0, lambda: {"prompt": "decode " * 8, "max_tokens": 200},
+    thread = load.closed_loop(vllm_main.url, clients, 40, 300.0, lambda: {"prompt": "decode " * 8, "max_tokens": 200},
                               stop=stop)
     seen: set[str] = set()
 

@@ -46,6 +46,20 @@ def condition_servers(server_pool: ServerPool) -> Iterator[dict[str, VllmServer]
         yield servers
 
 
+@pytest.fixture(autouse=True)
+def _condition_servers_up(request: pytest.FixtureRequest) -> None:
+    """Each test that uses the module's servers finds them running: one whose process exited since
+    the last test (not by a test's design: the kill is the module's last test) is started again, and
+    the test's output says so with the end of its log."""
+    if "condition_servers" not in request.fixturenames:
+        return
+    servers: dict[str, VllmServer] = request.getfixturevalue("condition_servers")
+    for name, server in servers.items():
+        note = server.revive()
+        if note is not None:
+            print(f"{name}: {note}")
+
+
 def record(server: VllmServer, path: Path, action: Callable[[], None], interval: float = 0.5) -> Path:
     """A real recording of ``server`` while ``action`` runs (1 s before, 1.5 s after)."""
     return record_while(server.url, path, action, interval=interval)

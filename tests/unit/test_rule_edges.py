@@ -211,24 +211,85 @@ def test_the_batch_cap_is_read_up_to_five_seconds_before_the_first_rejection() -
     assert (far.suggestions[0].flag, far.suggestions[0].direction) == ("--max-num-queued-reqs", "increase")
 
 
-@pytest.mark.parametrize(("failed_for", "flag"), [(10, "--max-num-seqs"), (200, "--max-num-queued-reqs")])
+def _turned_away(states: Mapping[int, tuple[float, float] | None], seconds: int, **extra: object) -> list[Scrape]:
+    """A burst turned away between 3 and 4 s (10 requests) under --max-num-seqs 4; ``states``: (running,
+    waiting) from each second on (the last given holds until the next), None for a failed scrape."""
+    out, state = [], (0.0, 0.0)
+    for t in range(seconds):
+        if t in states:
+            given = states[t]
+            if given is None:
+                out.append(Scrape(float(t), None, error="timed out"))
+                state = (-1.0, -1.0)
+                continue
+            state = given
+        elif state == (-1.0, -1.0):
+            out.append(Scrape(float(t), None, error="timed out"))
+            continue
+        running, waiting = state
+        out.append(Scrape(float(t), parse_snapshot(
+            synth_text(gen=100 * t, running=running, waiting=waiting, usage=0.3, **extra)  # type: ignore[arg-type]
+            + f'vllm:admission_rejections_total{{model_name="m",reason="max_num_queued_reqs"}} {0 if t < 4 else 10}\n')))
+    return out
+
+
+def _advice(history: list[Scrape]) -> Finding:
+    return find(diagnose(prepare(history, max_num_seqs=4)), "admission_rejected")
+
+
+@pytest.mark.parametrize(("failed_for", "flag"), [(10, "--max-num-seqs"), (119, "--max-num-seqs"),
+                                                  (120, "--max-num-queued-reqs"), (200, "--max-num-queued-reqs")])
 def test_the_batch_cap_is_read_through_the_drain_until_the_server_is_idle(failed_for: int, flag: str) -> None:
     """A burst turned away at 3–4 s while one request was running (the engine still ramping); then
     the busy host's scrapes fail for ``failed_for`` seconds; the drain after them shows the batch at
     its cap of 4 (two waiting) until the server goes idle 10 s later. The batch cap held that queue,
-    however long after the 10 s drain window the scrapes came back (``admission_settle_seconds``,
-    120 s): seen 200 s later it is another episode, and the limit itself is named."""
-    def at(t: int) -> Scrape:
-        if 4 < t <= 4 + failed_for:
-            return Scrape(float(t), None, error="timed out")
-        draining = 4 + failed_for < t <= 14 + failed_for
-        return Scrape(float(t), parse_snapshot(
-            synth_text(gen=100 * t, running=4 if draining else (1 if t <= 4 else 0), waiting=2 if draining else 0,
-                       usage=0.3)
-            + f'vllm:admission_rejections_total{{model_name="m",reason="max_num_queued_reqs"}} {0 if t < 4 else 10}\n'))
-
-    f = find(diagnose(prepare([at(t) for t in range(failed_for + 20)], max_num_seqs=4)), "admission_rejected")
+    however long after the 10 s drain window the scrapes came back, up to ``admission_settle_seconds``
+    (120 s) after the last rejection was counted: seen later it is another episode, and the limit
+    itself is named."""
+    f = _advice(_turned_away({0: (1, 0), 5: None, 5 + failed_for: (4, 2), 15 + failed_for: (0, 0)}, failed_for + 20))
     assert (f.suggestions[0].flag, f.suggestions[0].direction) == (flag, "increase")
+    if flag == "--max-num-seqs":  # what was read through the drain: 4 running and 2 waiting
+        assert f.suggestions[0].value == 6 and f.evidence["max_num_requests_waiting"] == 2
+        assert f.time_range == (3.0, 4.0)
+
+
+@pytest.mark.parametrize(("states", "flag"), [
+    # Idle from 5 s: the queue had drained; a batch at its cap from 15 s is another episode.
+    ({0: (1, 0), 5: (0, 0), 15: (4, 2), 21: (0, 0)}, "--max-num-queued-reqs"),
+    # Not yet idle at 15 s (3 waiting, none running yet): the drain goes on, and the cap is seen from 16 s.
+    ({0: (1, 0), 5: None, 15: (0, 3), 16: (4, 2), 21: (0, 0)}, "--max-num-seqs"),
+    # The recording ends mid-drain, never idle: the drain is read to its end.
+    ({0: (1, 0), 5: None, 15: (4, 2)}, "--max-num-seqs"),
+    # The scrape that counted the rejections read idle (the gauges missed the burst): the drain starts after it.
+    ({0: (1, 0), 4: (0, 0), 5: None, 15: (4, 2), 21: (0, 0)}, "--max-num-seqs"),
+])
+def test_the_drain_ends_at_the_first_idle_scrape_after_the_rejections(
+    states: Mapping[int, tuple[float, float] | None], flag: str
+) -> None:
+    f = _advice(_turned_away(states, 25))
+    assert (f.suggestions[0].flag, f.suggestions[0].direction) == (flag, "increase")
+
+
+def test_requests_that_queued_through_the_drain_show_the_batch_at_its_cap_when_no_gauge_does() -> None:
+    """The gauges never read more than 1 running (a busy host's gauges missed the burst); the requests that finished over the drain (after the
+    10 s window, before the server was idle at 30 s) had queued 2 s a request against 4 s of decode:
+    they waited for a running one to finish, so the batch cap held them."""
+    history = _turned_away({0: (1, 0), 30: (0, 0)}, 35)
+    finished = {t: 4 for t in range(20, 30)}  # 4 requests a second finish from 20 s
+    queued = 0
+    for i, taken in enumerate(history):
+        queued += finished.get(int(taken.ts), 0)
+        history[i] = Scrape(taken.ts, parse_snapshot(
+            synth_text(gen=100 * taken.ts, running=1 if taken.ts < 30 else 0, waiting=0, usage=0.3,
+                       queue_seconds=(2.0 * queued, queued), decode_seconds=(4.0 * queued, queued))
+            + f'vllm:admission_rejections_total{{model_name="m",reason="max_num_queued_reqs"}} '
+              f'{0 if taken.ts < 4 else 10}\n'))
+    f = _advice(history)
+    assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--max-num-seqs", "increase")
+    assert f.evidence["mean_queue_seconds"] == pytest.approx(2.0)
+    # No gauge saw the queue: the batch grows by the half of a decode its requests queued, 4 → 6 (not
+    # 4 + 0 waiting, the cap it already has, which the runner would drop as no change).
+    assert f.suggestions[0].value == 6
 
 
 def test_one_second_without_tokens_is_not_yet_tokens_stopped() -> None:

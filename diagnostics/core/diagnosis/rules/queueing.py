@@ -321,7 +321,12 @@ def admission_rejected(ctx: Context) -> list[Finding]:
         held = (f"Running sat at the cap of {cap:.0f}" if gauge_at_cap or queued is None or decode is None else
                 f"Requests queued {fmt_seconds_as_ms(queued)} on average (against {fmt_seconds_as_ms(decode)} "
                 "of decode) for a running one to finish")
-        suggestions = [Suggestion("--max-num-seqs", "increase", int(cap + peak_waiting) if cap else None,
+        # A batch as large as what ran plus what waited; where the gauges missed the queue, one larger by
+        # the share of a decode the requests queued (half a decode queued: half again as many running).
+        target = cap + peak_waiting
+        if queued_behind and queued is not None and decode:
+            target = max(target, math.ceil(cap * (1 + queued / decode)))
+        suggestions = [Suggestion("--max-num-seqs", "increase", int(target) if cap else None,
                                   f"{held} with the KV cache ≤ {usage * 100:.0f} % full: "
                                   "a larger batch drains the queue the limit protects.")]
         fix = "running sat at the --max-num-seqs cap with memory to spare: a larger batch serves these requests"
