@@ -299,7 +299,8 @@ def admission_rejected(ctx: Context) -> list[Finding]:
         return []
     rising = [(a, b) for a, b, inc in counter_steps(scrapes, labels_total("admission_rejections")) if inc > 0]
     start, end = rising[0][0], rising[-1][1]
-    around = [(s, snap) for s, snap in ctx.ok if start - t.admission_lead_seconds <= s.ts <= _drained(ctx, end)]
+    drained = _drained(ctx, end)
+    around = [(s, snap) for s, snap in ctx.ok if start - t.admission_lead_seconds <= s.ts <= drained]
     near = [snap for _, snap in around]
     cap = flags.max_num_seqs or max_gauge(ctx, "num_requests_running")
     usage = max((snap.value("kv_cache_usage_perc") or 0.0) for snap in near)
