@@ -7,7 +7,12 @@ seed), and compare with what the server measured. Prints tables (point error, in
 direction, goal met); asserts nothing. Results are written as they come (``--json``), so a run cut
 short keeps the cases it finished.
 
-    flock /tmp/heavy.lock .venv/bin/python bench/whatif_validate.py [CASE ...] [--json out.json]
+    flock /tmp/heavy.lock .venv/bin/python bench/whatif_validate.py [CASE ...] [--json out.json] [--keep DIR]
+    .venv/bin/python bench/whatif_validate.py --offline DIR   # no server: the model judged on a --keep run's recordings
+
+``--offline`` replays what a ``--keep`` run recorded (``DIR/runs.json`` names each recording's case and flags):
+a change to the simulator or the intervals is judged in seconds against the same real re-runs; a change the
+model now picks that nobody ran is said so, not guessed.
 
 Default cases: two workloads per class, the second on another model shape (the held-out recipes
 of tests/fixtures/incidents/heldout/RECIPES.md): queue_cap_closed_loop and ho_queue_cap_h8 (8 layers),
@@ -58,20 +63,52 @@ def error(pred: float | None, real: float | None) -> float | None:
     return (pred - real) / real
 
 
-def record(name: str, work: Path, seed: int, tag: str, args: tuple[str, ...] | None = None) -> list[Any]:
-    path = work / f"{name}-{tag}.jsonl.gz"
-    record_case(CASES[name], work, seed, out=path, args=args)
-    return read_recording(path).scrapes()
+class Recorder:
+    """Serves the case with the given flags, runs its workload and records it into ``keep`` (a
+    temporary folder unless one is named), noting in ``keep/runs.json`` which flags each recording
+    ran with, so that ``--offline`` can judge a changed model on the same recordings."""
+
+    def __init__(self, keep: Path) -> None:
+        self.keep = keep
+        self.keep.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix="whatif-work-"))  # models and server logs: not kept
+        self.index_path = keep / "runs.json"
+        self.index: dict[str, dict[str, Any]] = (json.loads(self.index_path.read_text())
+                                                 if self.index_path.exists() else {})
+
+    def record(self, name: str, seed: int, tag: str, args: tuple[str, ...] | None = None) -> list[Any] | None:
+        path = self.keep / f"{name}-{tag}.jsonl.gz"
+        args = CASES[name].args if args is None else args
+        record_case(CASES[name], self.work, seed, out=path, args=args)
+        self.index[path.name] = {"case": name, "seed": seed, "tag": tag, "args": list(args)}
+        self.index_path.write_text(json.dumps(self.index, indent=1))
+        return read_recording(path).scrapes()
 
 
-def validate(name: str, work: Path, seed: int) -> dict[str, Any]:
+class Offline(Recorder):
+    """Reads what a :class:`Recorder` kept instead of serving: a run with the same case, tag and
+    flags, or None where none was recorded (the model now asks for a change nobody ran)."""
+
+    def record(self, name: str, seed: int, tag: str, args: tuple[str, ...] | None = None) -> list[Any] | None:
+        args = CASES[name].args if args is None else args
+        for file, run in self.index.items():
+            if run["case"] == name and (run["tag"] == tag if tag == "before" else tuple(run["args"]) == args):
+                return read_recording(self.keep / file).scrapes()
+        return None
+
+
+def validate(name: str, rec: Recorder, seed: int) -> dict[str, Any]:
     case = CASES[name]
     budgets = Budgets(itl_ms=case.budgets.get("itl_ms"), ttft_ms=case.budgets.get("ttft_ms"))
+    top = None
     for attempt in range(3):  # as the corpus recorder does: a run that did not show the incident is redone
-        scrapes = record(name, work, seed + attempt, "before")
+        before = rec.record(name, seed + attempt, "before")
+        if before is None:
+            return {"case": name, "class": case.incident, "finding": None, "not_recorded": "before"}
+        scrapes = before
         ctx = prepare(scrapes, budgets=budgets)
         top = next((f for f in diagnose(ctx) if f.id == case.expect.get("top") and f.suggestions), None)
-        if top is not None:
+        if top is not None or isinstance(rec, Offline):
             break
     out: dict[str, Any] = {"case": name, "class": case.incident, "finding": top.id if top else None}
     if top is None or top.suggestions[0].value is None:
@@ -90,17 +127,24 @@ def validate(name: str, work: Path, seed: int) -> dict[str, Any]:
                 "seek_seconds": answer.seconds})
     runs: dict[str, dict[str, float | None]] = {}
     if pred.reproduces:
-        runs["suggested"] = whatif.recorded(record(name, work, seed, "after", with_changes(case.args, changes))).metrics
-        out["rows"] = {m: {"recorded_before": base.measured.metrics[m], "replayed_before": base.before.metrics[m],
-                           **{k: v for k, v in pred.metric(m).items() if k in ("after", "low", "high")},
-                           "measured_after": runs["suggested"][m],
-                           "error": error(pred.metric(m)["after"], runs["suggested"][m])} for m in SHOWN}
+        after = rec.record(name, seed, "after", with_changes(case.args, changes))
+        if after is None:
+            out["not_recorded"] = "after"
+        else:
+            runs["suggested"] = whatif.recorded(after).metrics
+            out["rows"] = {m: {"recorded_before": base.measured.metrics[m], "replayed_before": base.before.metrics[m],
+                               **{k: v for k, v in pred.metric(m).items() if k in ("after", "low", "high")},
+                               "measured_after": runs["suggested"][m],
+                               "error": error(pred.metric(m)["after"], runs["suggested"][m])} for m in SHOWN}
     if answer.found:
         found = answer.found[0].changes
         if found == changes and "suggested" in runs:
             runs["goal"] = runs["suggested"]
-        else:
-            runs["goal"] = whatif.recorded(record(name, work, seed, "goal", with_changes(case.args, found))).metrics
+        elif (goal_run := rec.record(name, seed, "goal", with_changes(case.args, found))) is not None:
+            runs["goal"] = whatif.recorded(goal_run).metrics
+        if "goal" not in runs:
+            out["goal_not_recorded"] = found
+            return out
         measured = runs["goal"][aimed[0]]
         out["goal_result"] = {"changes": found, "predicted": answer.found[0].prediction.after.metrics[aimed[0]],
                               "measured": measured, "met": goal.met(measured)}
@@ -137,6 +181,9 @@ def report(results: list[dict[str, Any]]) -> None:
     for res in results:
         if "aimed" not in res:
             print(f"| {res['case']} | — | no finding with a value in three tries | | | | | | | |")
+            continue
+        if res["reproduces"] and "rows" not in res:
+            print(f"| {res['case']} | {res['change']} | no re-run recorded with this change (--offline) | | | | | | | |")
             continue
         m = res["aimed"]
         change = " ".join(f"{k} {v}" for k, v in res["change"].items())
@@ -176,6 +223,11 @@ def report(results: list[dict[str, Any]]) -> None:
             continue
         g = Goal(res["goal"]["metric"], res["goal"]["limit"])
         gr = res.get("goal_result")
+        if gr is None and "goal_not_recorded" in res:
+            change = " ".join(f"{k} {v}" for k, v in res["goal_not_recorded"].items())
+            print(f"| {res['case']} | {g.text()} | `{change}` ({res['seek_seconds']:.1f} s): no re-run recorded with it "
+                  "(--offline) | | | |")
+            continue
         if gr is None:
             a = res["goal_answer"]
             why = ("baseline does not reproduce" if not a["baseline"]["reproduces"] else
@@ -196,14 +248,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--json", help="also write the results here (after every case)")
     parser.add_argument("--report", help="only print the tables of a --json file written before")
+    parser.add_argument("--keep", help="keep the recordings (and runs.json, the flags of each) in this folder")
+    parser.add_argument("--offline", help="serve nothing: judge the model on the recordings a --keep run left here")
     args = parser.parse_args()
     if args.report:
         report(json.loads(Path(args.report).read_text()))
         return
-    work = Path(tempfile.mkdtemp(prefix="whatif-"))
+    if args.offline:
+        rec: Recorder = Offline(Path(args.offline))
+        cases = [c for c in args.cases if any(r["case"] == c for r in rec.index.values())] if args.cases != list(
+            DEFAULT) else list(dict.fromkeys(r["case"] for r in rec.index.values()))
+    else:
+        rec = Recorder(Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="whatif-")))
+        cases = args.cases
     results = []
-    for name in args.cases:
-        res = validate(name, work, args.seed)
+    for name in cases:
+        res = validate(name, rec, args.seed)
         results.append(res)
         print(f"{name}: {res.get('finding')} → {res.get('change')}; reproduces: {res.get('reproduces')}; "
               f"goal: {res.get('goal_result')}", flush=True)

@@ -171,7 +171,7 @@ def render_whatif(p: whatif.Prediction) -> str:
                f"prefix hits {w.prefix_hit_fraction * 100:.0f} %",
              f"engine    step = {c.cost.base * 1000:.2f} ms + {c.cost.per_seq * 1000:.2f} ms/sequence + "
              f"{c.cost.per_prefill_token * 1e6:.1f} µs/prefill token (fit error {_pct(c.fit_error)} over "
-             f"{c.points} intervals{'' if c.batch_identified else '; the batch never varied, so its cost is assumed flat'}); "
+             f"{c.points} intervals{_seq_share_note(c)}); "
              f"{c.num_gpu_blocks:,} KV blocks of {c.block_size}",
              ("baseline  reproduces the window: " if p.reproduces else "baseline  DOES NOT reproduce the window "
               "(no after-value): ") + "; ".join(whatif.check_text(c) for c in p.checks),
@@ -282,3 +282,12 @@ def render_probe(summary: ProbeSummary) -> str:
     for d in disagreements(summary):
         lines.append(f"note          {d.text}")
     return "\n".join(lines)
+
+
+def _seq_share_note(c: whatif.Calibration) -> str:
+    """What the window could not tell about a sequence's cost, and what was assumed instead."""
+    if c.seq_share_assumed is None:
+        return ""
+    why = "the batch never varied" if not c.batch_identified else "the window showed no cost per sequence"
+    return (f"; {why}, so {c.seq_share_assumed * 100:.0f} % of a step at {c.mean_batch:.1f} sequences is assumed "
+            "per-sequence work, and a change running more sequences is also replayed at 0 % and 100 % for its range")

@@ -14,7 +14,7 @@ diagnosis's suggestions; :mod:`.words` says them in units a person reads.
 """
 
 from diagnostics.core.whatif.attach import suggestion_changes, with_predictions
-from diagnostics.core.whatif.calibrate import Calibration, StepCost, calibrate
+from diagnostics.core.whatif.calibrate import ASSUMED_SEQ_SHARE, Calibration, StepCost, calibrate
 from diagnostics.core.whatif.flags import MODELLED, Flags, NotModelled, apply
 from diagnostics.core.whatif.gate import (
     AIMED,
@@ -27,14 +27,14 @@ from diagnostics.core.whatif.gate import (
     check,
 )
 from diagnostics.core.whatif.predict import Baseline, Prediction, baseline
-from diagnostics.core.whatif.ranges import RANGES, Estimate, Ranges
+from diagnostics.core.whatif.ranges import RANGES, Estimate, Ranges, estimate
 from diagnostics.core.whatif.replay import METRICS, Outcome, recorded, replay
 from diagnostics.core.whatif.words import HIGHER_IS_BETTER, LABELS, check_text, fmt_value, not_reproduced, summary
 from diagnostics.core.whatif.workload import InferredWorkload, LengthDist, infer_workload
 
 __all__ = [
     "AIMED", "DEFAULT_AIM", "REPRODUCTION", "Check", "Reproduction", "aimed_for", "bucket_of", "check", "check_text",
-    "not_reproduced", "RANGES", "Estimate", "Ranges",
+    "not_reproduced", "RANGES", "Estimate", "Ranges", "estimate", "ASSUMED_SEQ_SHARE",
     "HIGHER_IS_BETTER", "LABELS", "METRICS", "MODELLED", "Baseline", "Calibration", "Flags", "InferredWorkload",
     "LengthDist", "NotModelled", "Outcome", "Prediction", "StepCost", "apply", "baseline", "calibrate", "fmt_value",
     "infer_workload", "recorded", "replay", "suggestion_changes", "summary", "with_predictions",

@@ -106,14 +106,23 @@ class Baseline:
         change is not replayed). :class:`NotModelled` for a change not modelled."""
         after_flags = apply(self.flags, self.calibration, changes)
         checks = self.checks(aimed, tolerance)
+        alternatives: list[Outcome] = []
         if all(c.reproduces for c in checks):
-            after = replay(self.workload, self.calibration, after_flags, seed=self.seed,
-                           served_len=self.flags.max_model_len, itl_bounds=self.bounds["itl_bounds"],
-                           ttft_bounds=self.bounds["ttft_bounds"])
+            def run(calibration: Calibration) -> Outcome:
+                return replay(self.workload, calibration, after_flags, seed=self.seed,
+                              served_len=self.flags.max_model_len, itl_bounds=self.bounds["itl_bounds"],
+                              ttft_bounds=self.bounds["ttft_bounds"])
+
+            after = run(self.calibration)
+            cal = self.calibration
+            if cal.seq_share_assumed is not None and after.max_running > max(cal.max_running, self.before.max_running):
+                # More sequences in a step than the window ever ran, at a per-sequence cost it never
+                # showed: the range spans a flat step and one that grows with the batch.
+                alternatives = [run(cal.assuming(share)) for share in (0.0, 1.0)]
         else:
             after = Outcome(dict.fromkeys(METRICS))
         ranges = estimates(after.metrics, self.before.metrics, self.measured.metrics,
-                           [o.metrics for o in self.spread], self.ranges)
+                           [o.metrics for o in self.spread], self.ranges, [o.metrics for o in alternatives])
         return Prediction({k: str(v) for k, v in changes.items()}, self.workload, self.calibration, self.before,
                           after, self.measured, self.baseline_error, checks, ranges)
 

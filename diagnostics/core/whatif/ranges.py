@@ -1,11 +1,14 @@
 """Ranges, not points: each predicted metric with the interval it may fall in.
 
-Two things make a replayed number uncertain, and the interval carries both:
+Three things make a replayed number uncertain, and the interval carries them all:
 
 - **what the baseline missed by**: the replay under the current flags against the recording, per
   metric. A replay that showed 80 % of the recorded ITL p95 may show 80 % of the after-value too,
   so the interval reaches up to the after-value over that ratio (down, for a replay that showed
   more);
+- **what the window cannot tell**: where it never showed what a sequence adds to a step and a
+  change runs more sequences than it did, the change replayed with a flat step and with one that
+  grows with the batch (:meth:`.calibrate.Calibration.assuming`), the interval spanning both;
 - **the replay's own spread**: the baseline replayed under several seeds (the step-time noise drawn
   in another order, other prompt bodies), the lowest and highest over the median; the after-value
   is given the same relative spread (one replay per candidate keeps a what-if fast). On a window
@@ -80,24 +83,29 @@ def spread(values: Sequence[float | None]) -> tuple[float, float]:
 
 def estimate(metric: str, after: float | None, replayed: float | None, recorded: float | None,
              seeds: Sequence[float | None], ranges: Ranges = RANGES,
-             tolerance: Reproduction = REPRODUCTION) -> Estimate | None:
+             tolerance: Reproduction = REPRODUCTION, alternatives: Sequence[float | None] = ()) -> Estimate | None:
     """``after`` with its interval: the baseline's miss on this metric (``recorded`` over
-    ``replayed``), the baseline's spread over ``seeds``, the floor. None without an after-value."""
+    ``replayed``), the baseline's spread over ``seeds``, the after-values of the ``alternatives``
+    (the same change under the other step-cost models the window cannot rule out), the floor. None
+    without an after-value."""
     if after is None:
         return None
     lo_s, hi_s = spread(seeds)
     ratio = recorded / replayed if recorded is not None and replayed and replayed > 0 and recorded >= 0 else 1.0
-    low = after * lo_s * min(1.0, ratio) * (1 - ranges.floor) - tolerance.floor(metric)
-    high = after * hi_s * max(1.0, ratio) * (1 + ranges.floor) + tolerance.floor(metric)
+    others = [a for a in alternatives if a is not None]
+    lowest, highest = min([after, *others]), max([after, *others])
+    low = lowest * lo_s * min(1.0, ratio) * (1 - ranges.floor) - tolerance.floor(metric)
+    high = highest * hi_s * max(1.0, ratio) * (1 + ranges.floor) + tolerance.floor(metric)
     return Estimate(after, max(0.0, low), high)
 
 
 def estimates(after: Mapping[str, float | None], replayed: Mapping[str, float | None],
               recorded: Mapping[str, float | None], seeds: Sequence[Mapping[str, float | None]],
-              ranges: Ranges = RANGES) -> dict[str, Estimate]:
+              ranges: Ranges = RANGES, alternatives: Sequence[Mapping[str, float | None]] = ()) -> dict[str, Estimate]:
     out = {}
     for metric, value in after.items():
-        e = estimate(metric, value, replayed.get(metric), recorded.get(metric), [s.get(metric) for s in seeds], ranges)
+        e = estimate(metric, value, replayed.get(metric), recorded.get(metric), [s.get(metric) for s in seeds], ranges,
+                     alternatives=[a.get(metric) for a in alternatives])
         if e is not None:
             out[metric] = e
     return out

@@ -37,6 +37,7 @@ class Outcome:
 
     metrics: dict[str, float | None]
     requests_rejected: int = 0  # longer than --max-model-len
+    max_running: int = 0  # the most sequences a replayed step ran (0 for a recording)
 
 
 def _hist(bounds: Sequence[float], values: Sequence[tuple[float, int]]) -> Histogram:
@@ -151,7 +152,7 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
     itl: list[tuple[float, int]] = []
     ttft: list[tuple[float, int]] = []
     generated = preemptions = 0
-    max_waiting = 0
+    max_waiting = max_running = 0
     clients = workload.closed_loop_clients
     if clients is None:
         times = [r.arrival for r in workload.requests] if workload.requests else list(workload.arrivals)
@@ -166,12 +167,13 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
     i = 0
 
     def account(stats: StepStats) -> None:
-        nonlocal generated, preemptions, max_waiting
+        nonlocal generated, preemptions, max_waiting, max_running
         if stats.now > horizon + 1e-9:
             return
         generated += stats.generation_tokens
         preemptions += stats.num_preemptions
         max_waiting = max(max_waiting, stats.num_waiting)
+        max_running = max(max_running, stats.num_running)
         itl.extend((v, 1) for v in stats.itl)
         itl.extend(stats.itl_weighted)
         ttft.extend((v + calibration.ttft_offset, 1) for v in stats.ttft)
@@ -209,4 +211,4 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
         "output_tokens_per_second": generated / seconds if seconds > 0 else None,
         "preemptions_per_minute": preemptions / seconds * 60 if seconds > 0 else None,
         "max_num_requests_waiting": float(max_waiting),
-    }, run.rejected)
+    }, run.rejected, max_running)
