@@ -285,9 +285,9 @@ def render_probe(summary: ProbeSummary) -> str:
 
 
 def _seq_share_note(c: whatif.Calibration) -> str:
-    """What the window could not tell about a sequence's cost, and what was assumed instead."""
-    if c.seq_share_assumed is None:
+    """What the window could not tell about a sequence's cost, and what the replay does about it."""
+    if not c.seq_cost_unknown:
         return ""
-    why = "the batch never varied" if not c.batch_identified else "the window showed no cost per sequence"
-    return (f"; {why}, so {c.seq_share_assumed * 100:.0f} % of a step at {c.mean_batch:.1f} sequences is assumed "
-            "per-sequence work, and a change running more sequences is also replayed at 0 % and 100 % for its range")
+    why = "the batch never varied" if not c.batch_identified else "the fit found no cost per sequence"
+    return (f"; {why}, so a step is taken as flat in the batch, and a change running more sequences than the "
+            "window did is also replayed with a step proportional to the batch, for its range")

@@ -28,8 +28,8 @@ from diagnostics.core.metrics.derive import Scrape, count_above, histogram_delta
 from diagnostics.recording import Record, read_recording
 from tests.conftest import wait_for
 from tests.integration import load
-from tests.integration.pool import ServerPool
 from tests.integration.hostload import OutsideLoad
+from tests.integration.pool import ServerPool
 from tests.integration.recorded import cli_json, diagnose_json, record_while
 from tests.integration.vllm_server import VllmServer
 

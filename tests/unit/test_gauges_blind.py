@@ -20,7 +20,8 @@ from tests.fixtures.incidents.corpus import labels
 from tests.fixtures.incidents.zero_gauges import GAUGES, zero_line, zero_metrics
 from tests.unit.synth import text
 
-INCIDENTS = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+INCIDENTS = FIXTURES / "incidents"
 
 
 def _zeroed(name: str) -> Recording:
@@ -91,6 +92,33 @@ def test_a_real_queue_with_the_gauges_zeroed_is_found_from_the_histograms_with_t
     known = _queue(diagnose(prepare(recording.scrapes(), info=recording.info(), max_num_seqs=4)))
     assert known is not None and known.evidence["evidence_basis"] == "histograms"
     assert known.suggestions[0].value is not None and known.suggestions[0].value > 4
+
+
+def test_a_flickering_gauge_that_caught_the_queue_at_the_cap_gives_the_cap_and_a_value() -> None:
+    """A real recording (vLLM 0.32, --max-num-seqs 4 not passed to the diagnosis, 7 closed-loop
+    clients, a busy 2-core host; a rehearsal's artifact): the running gauge read 0 in most intervals
+    with tokens, so the queue is judged from the histograms, yet some scrapes caught requests
+    waiting for capacity at 4 running. Counted here from the raw gauges: those scrapes make 4 the
+    cap and the suggestion a number above it (it had no value: a finding with no flag to change)."""
+    recording = read_recording(FIXTURES / "recording-queue-cap-flickering-gauge-0.32.0.jsonl.gz")
+    scrapes = recording.scrapes()
+    snaps = [s.snapshot for s in scrapes if s.snapshot is not None]
+    top = max(snap.value("num_requests_running") or 0.0 for snap in snaps)
+    caught = [snap for snap in snaps if (snap.value("num_requests_running") or 0.0) == top
+              and (snap.by_label("num_requests_waiting_by_reason") or {}).get("capacity", 0.0) > 0]
+    assert top == 4.0 and len(caught) >= 2
+    waited = max(snap.value("num_requests_waiting") or 0.0 for snap in caught)
+    found = _queue(diagnose(prepare(scrapes, info=recording.info())))
+    assert found is not None and found.evidence["evidence_basis"] == "histograms"
+    assert found.evidence["num_requests_running_cap"] == 4 and not found.evidence["cap_known_from_flags"]
+    assert found.evidence["scrapes_queued_at_gauge_cap"] == len(caught)
+    value = found.suggestions[0].value
+    assert value is not None and value >= 4 + max(1, waited)
+    assert "that is the cap" in found.suggestions[0].why and "not known" not in found.suggestions[0].why
+    # One such scrape is not enough to call the window's highest running count the cap.
+    once = Thresholds(hist_cap_min_scrapes=len(caught) + 1)
+    unsure = _queue(diagnose(prepare(scrapes, info=recording.info(), thresholds=once)))
+    assert unsure is not None and unsure.suggestions[0].value is None
 
 
 def test_the_gauges_of_a_short_request_data_parallel_recording_read_0_and_it_stays_quiet() -> None:

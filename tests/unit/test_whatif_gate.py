@@ -289,48 +289,50 @@ def test_the_step_cost_models_the_window_cannot_rule_out_widen_the_interval_by_h
 
 
 def test_an_assumed_per_sequence_share_keeps_the_step_the_window_measured() -> None:
-    """A step of 10 ms + 1 ms a sequence at a mean batch of 4 costs 14 ms; assuming half of it is
-    per-sequence work: 7 ms + 1.75 ms a sequence, still 14 ms at 4 and 42 ms at 20 (flat: 14 ms)."""
+    """A step of 10 ms + 1 ms a sequence at a mean batch of 4 costs 14 ms; with half of it per-sequence
+    work: 7 ms + 1.75 ms a sequence, still 14 ms at 4 and 42 ms at 20 (flat: 14 ms; all of it: 70 ms)."""
     cal = whatif.Calibration(whatif.StepCost(0.01, 0.001, 0.00002), 100, 16, True, None, 0.9, "auto", 0.1, 10,
                              False, 4.0, mean_batch=4.0)
     half = cal.assuming(0.5)
-    assert half.seq_share_assumed == 0.5
     assert (half.cost.base, half.cost.per_seq) == (pytest.approx(0.007), pytest.approx(0.00175))
     assert half.cost.per_prefill_token == 0.00002
     assert half.cost.fitted(0, 4) == pytest.approx(0.014) and half.cost.fitted(0, 20) == pytest.approx(0.042)
     assert cal.assuming(0.0).cost.fitted(0, 20) == pytest.approx(0.014)
+    assert cal.assuming(1.0).cost.fitted(0, 20) == pytest.approx(0.070)
 
 
 def test_a_window_whose_batch_never_varied_gets_a_range_spanning_flat_and_growing_steps() -> None:
-    """queue_cap_burst (a real recording: 4 running throughout, so the per-sequence cost is not
-    identified): the calibration says what it assumed; raising the cap to 20 runs more sequences than
-    the window did, so its interval spans the change replayed with a flat step and with a step
-    proportional to the batch (replayed here on their own); the growing step is the slower. Lowering
-    the cap runs fewer: no alternative replay, the interval is the seeds' and the floor's."""
+    """queue_cap_burst (a real recording: 4 running throughout, so no per-sequence cost is found):
+    the calibration says so and the replay keeps the step flat. Raising the cap to 20 runs more
+    sequences than the window did, so its interval reaches the change replayed with a step
+    proportional to the batch (replayed here on its own), slower than the flat point. Lowering the
+    cap runs fewer: no second replay, the interval is the seeds' and the floor's."""
     scrapes = recording("queue_cap_burst")
     base = whatif.baseline(scrapes, prepare(scrapes).flags)
     cal = base.calibration
-    assert not cal.batch_identified and cal.seq_share_assumed == whatif.ASSUMED_SEQ_SHARE
+    assert not cal.batch_identified and cal.seq_cost_unknown and cal.cost.per_seq == 0.0
     assert cal.max_running == 4.0
     up = base.predict({"--max-num-seqs": "20"})
     assert up.reproduces and up.after.max_running > 4
     flags = whatif.apply(base.flags, cal, {"--max-num-seqs": "20"})
-    ends = [whatif.replay(base.workload, cal.assuming(share), flags, seed=base.seed, served_len=base.flags.max_model_len,
+    grows = whatif.replay(base.workload, cal.assuming(1.0), flags, seed=base.seed, served_len=base.flags.max_model_len,
                           itl_bounds=base.bounds["itl_bounds"], ttft_bounds=base.bounds["ttft_bounds"])
-            for share in (0.0, 1.0)]
-    flat, grows = (o.metrics["itl_p95_seconds"] for o in ends)
-    assert flat is not None and grows is not None and grows > flat
+    flat, steep = up.after.metrics["itl_p95_seconds"], grows.metrics["itl_p95_seconds"]
+    assert flat is not None and steep is not None and steep > flat
     r = up.ranges["itl_p95_seconds"]
-    assert r.low <= flat and r.high >= grows
-    narrow = whatif.estimate("itl_p95_seconds", up.after.metrics["itl_p95_seconds"], base.before.metrics["itl_p95_seconds"],
-                             base.measured.metrics["itl_p95_seconds"], [o.metrics["itl_p95_seconds"] for o in base.spread])
-    assert narrow is not None and r.high > narrow.high
+    assert r.value == flat and r.high >= steep
+
+    def alone(p: whatif.Prediction, metric: str) -> whatif.Estimate:
+        e = whatif.estimate(metric, p.after.metrics[metric], base.before.metrics[metric], base.measured.metrics[metric],
+                            [o.metrics[metric] for o in base.spread])
+        assert e is not None
+        return e
+
+    assert r.high > alone(up, "itl_p95_seconds").high
     down = base.predict({"--max-num-seqs": "2"})
     assert down.after.max_running <= 2
-    d = down.ranges["itl_p95_seconds"]
-    alone = whatif.estimate("itl_p95_seconds", down.after.metrics["itl_p95_seconds"], base.before.metrics["itl_p95_seconds"],
-                            base.measured.metrics["itl_p95_seconds"], [o.metrics["itl_p95_seconds"] for o in base.spread])
-    assert alone is not None and (d.low, d.high) == (pytest.approx(alone.low), pytest.approx(alone.high))
+    d, narrow = down.ranges["itl_p95_seconds"], alone(down, "itl_p95_seconds")
+    assert (d.low, d.high) == (pytest.approx(narrow.low), pytest.approx(narrow.high))
 
 
 def test_every_shown_after_value_carries_its_interval_on_a_real_recording() -> None:

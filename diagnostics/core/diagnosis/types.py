@@ -148,6 +148,9 @@ class Thresholds:
     hist_queue_min_seconds: float = 1.0
     hist_queue_min_requests: int = 5
     hist_queue_share: float = 0.05
+    # ...and the running gauge's window maximum is read as the cap (for the suggested value) when at
+    # least this many scrapes caught requests waiting for capacity at it.
+    hist_cap_min_scrapes: int = 2
     # unexplained_change: TTFT or ITL p95 up, or tokens/s per running request down, by this factor
     # from the window's early part to its late part, while no load measure (prompt tokens/s, requests
     # started/s, prompt tokens per request, mean running) rose by ``change_load_factor``. The late part

@@ -14,7 +14,7 @@ diagnosis's suggestions; :mod:`.words` says them in units a person reads.
 """
 
 from diagnostics.core.whatif.attach import suggestion_changes, with_predictions
-from diagnostics.core.whatif.calibrate import ASSUMED_SEQ_SHARE, Calibration, StepCost, calibrate
+from diagnostics.core.whatif.calibrate import Calibration, StepCost, calibrate
 from diagnostics.core.whatif.flags import MODELLED, Flags, NotModelled, apply
 from diagnostics.core.whatif.gate import (
     AIMED,
@@ -34,7 +34,7 @@ from diagnostics.core.whatif.workload import InferredWorkload, LengthDist, infer
 
 __all__ = [
     "AIMED", "DEFAULT_AIM", "REPRODUCTION", "Check", "Reproduction", "aimed_for", "bucket_of", "check", "check_text",
-    "not_reproduced", "RANGES", "Estimate", "Ranges", "estimate", "ASSUMED_SEQ_SHARE",
+    "not_reproduced", "RANGES", "Estimate", "Ranges", "estimate",
     "HIGHER_IS_BETTER", "LABELS", "METRICS", "MODELLED", "Baseline", "Calibration", "Flags", "InferredWorkload",
     "LengthDist", "NotModelled", "Outcome", "Prediction", "StepCost", "apply", "baseline", "calibrate", "fmt_value",
     "infer_workload", "recorded", "replay", "suggestion_changes", "summary", "with_predictions",

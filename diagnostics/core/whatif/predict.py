@@ -115,10 +115,10 @@ class Baseline:
 
             after = run(self.calibration)
             cal = self.calibration
-            if cal.seq_share_assumed is not None and after.max_running > max(cal.max_running, self.before.max_running):
+            if cal.seq_cost_unknown and after.max_running > max(cal.max_running, self.before.max_running):
                 # More sequences in a step than the window ever ran, at a per-sequence cost it never
-                # showed: the range spans a flat step and one that grows with the batch.
-                alternatives = [run(cal.assuming(share)) for share in (0.0, 1.0)]
+                # showed: the range spans the flat step (the point) and one proportional to the batch.
+                alternatives = [run(cal.assuming(1.0))]
         else:
             after = Outcome(dict.fromkeys(METRICS))
         ranges = estimates(after.metrics, self.before.metrics, self.measured.metrics,

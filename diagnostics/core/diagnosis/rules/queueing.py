@@ -168,13 +168,23 @@ def queue_from_histograms(ctx: Context, cap: float | None) -> list[Finding]:
         return []
     occ = occupancy(ctx)
     engines = occ.num_engines if occ is not None else 1
-    cap_flag = ctx.flags.max_num_seqs
     running = occ.running_per_engine if occ is not None else None
     waiting = occ.waiting_per_engine if occ is not None else None
-    # A value only from the known flag: the occupancy is a mean over the window, not the cap (under it
-    # while the batch is not full, over it where requests finished in the window began before it:
-    # 2.8 per engine against a cap of 4 in queue_cap_dp2_mid, 7.3 against 6 in queue_cap_closed_loop).
-    target = cap_flag + max(1, math.ceil(waiting)) if cap_flag and waiting is not None else None
+    # The cap from the gauge itself where it was read often enough: scrapes (one engine) that caught
+    # requests waiting for capacity while running sat at the window's highest count. A gauge that
+    # reads 0 between steps still shows the queue now and then (a busy 2-core host: 65 of 93
+    # intervals read 0, yet 12 scrapes showed 3 waiting at 4 running).
+    at_cap = ([snap for _, snap in ctx.ok if _queued_at_cap(snap, None, cap, t.kv_low_perc)]
+              if cap and engines == 1 and len(engines_of(ctx.ok)) <= 1 else [])
+    cap_from_gauge = cap if len(at_cap) >= t.hist_cap_min_scrapes else None
+    peak_waiting = max((snap.value("num_requests_waiting") or 0.0 for snap in at_cap), default=0.0)
+    cap_flag = ctx.flags.max_num_seqs or (int(cap_from_gauge) if cap_from_gauge else None)
+    # A value only from a known cap (the flag, or the gauge at it): the occupancy is a mean over the
+    # window, not the cap (under it while the batch is not full, over it where requests finished in
+    # the window began before it: 2.8 per engine against a cap of 4 in queue_cap_dp2_mid, 7.3 against
+    # 6 in queue_cap_closed_loop).
+    target = (cap_flag + max(1, math.ceil(waiting or 0.0), math.ceil(peak_waiting))
+              if cap_flag and (waiting is not None or peak_waiting) else None)
     blind = sum(1 for iv in ctx.intervals if (iv.generation_tokens or 0) > 0 and not iv.num_requests_running)
     flowing = sum(1 for iv in ctx.intervals if (iv.generation_tokens or 0) > 0)
     share = long / window.count
@@ -187,6 +197,8 @@ def queue_from_histograms(ctx: Context, cap: float | None) -> list[Finding]:
            + (f" against {fmt_seconds_as_ms(prefill)} of prefill" if prefill is not None else "")
            + f") with no preemption and the KV cache ≤ {usage * 100:.0f} % full: the cap, not memory, is what "
            f"queues{occupied}."
+           + (f" The gauge caught {len(at_cap)} scrapes with up to {peak_waiting:.0f} waiting while {cap_flag} ran, "
+              "the window's most: that is the cap." if cap_flag and not ctx.flags.max_num_seqs else "")
            + ("" if cap_flag else " The cap is not known here (pass --max-num-seqs, or the server's log): raise it "
               f"by about the waiting count{where} or more."))
     return [Finding(
@@ -201,7 +213,8 @@ def queue_from_histograms(ctx: Context, cap: float | None) -> list[Finding]:
                   "mean_prefill_seconds": prefill, "max_kv_cache_usage_perc": usage,
                   "intervals_gauge_read_zero": blind, "intervals_with_tokens": flowing,
                   "num_engines": engines, "num_requests_running_cap": cap_flag,
-                  "cap_known_from_flags": cap_flag is not None,
+                  "cap_known_from_flags": ctx.flags.max_num_seqs is not None,
+                  "scrapes_queued_at_gauge_cap": len(at_cap), "max_num_requests_waiting_at_gauge_cap": peak_waiting,
                   "estimated_running_per_engine": round(running, 2) if running is not None else None,
                   "estimated_waiting_per_engine": round(waiting, 2) if waiting is not None else None,
                   "finished_requests_per_second": round(occ.requests_per_second, 3) if occ is not None else None,
