@@ -167,17 +167,20 @@ def test_queue_at_the_cap_says_raise_max_num_seqs(condition_servers: dict[str, V
     requests waiting at the cap for 8 s (at most 90 s): 3 wait whenever 4 run, however fast the
     machine answers (a fixed burst drained in 4 s on a fast host and took minutes on a busy one; 8 s
     of 64-token requests showed the queue for 0.5 s on a fast host, its requests finishing together).
-    Their lengths are staggered, so that the 4 running do not finish in one step. Never more than 7
-    in the server, so its admission limit of 8 turns none away. Whether they really queued at the
-    cap is judged from the recording's raw gauges (not from the diagnosis); a run where they did not
-    is repeated and says so, three such runs fail."""
+    Their lengths are staggered, so that the 4 running do not finish in one step, and long (300-900
+    tokens): with 96-320 an idle host's engine held each request 0.43 s, the queue's mean was 113 ms
+    and no request queued a second, while the gauge caught it only in flickers (28 of 139 scrapes) —
+    a queue too thin for either of the rule's paths. Never more than 7 in the server, so its
+    admission limit of 8 turns none away. Whether they really queued at the cap is judged from the
+    recording's raw gauges (not from the diagnosis); a run where they did not is repeated and says
+    so, three such runs fail."""
     server = condition_servers["cap4"]
     seen: list[float] = []
     for attempt in range(3):
         clients, stop = load.Clients(), threading.Event()
 
         def queue(clients: load.Clients = clients, stop: threading.Event = stop) -> None:
-            lengths = itertools.cycle(range(96, 320, 29))
+            lengths = itertools.cycle(range(300, 900, 61))
             running = load.closed_loop(server.url, clients, 7, 300.0, lambda: {
                 "prompt": "block cache token prefill", "max_tokens": next(lengths)}, stop=stop)
             _until_seen(server, lambda snap: _queued_at_cap(snap, 4), seconds=8.0, limit=90.0)
