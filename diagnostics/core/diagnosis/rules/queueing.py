@@ -175,7 +175,7 @@ def queue_from_histograms(ctx: Context, cap: float | None) -> list[Finding]:
     # reads 0 between steps still shows the queue now and then (a busy 2-core host: 65 of 93
     # intervals read 0, yet 12 scrapes showed 3 waiting at 4 running).
     at_cap = ([snap for _, snap in ctx.ok if _queued_at_cap(snap, None, cap, t.kv_low_perc)]
-              if cap and engines == 1 and len(engines_of(ctx.ok)) <= 1 else [])
+              if cap and engines == 1 else [])
     cap_from_gauge = cap if len(at_cap) >= t.hist_cap_min_scrapes else None
     peak_waiting = max((snap.value("num_requests_waiting") or 0.0 for snap in at_cap), default=0.0)
     cap_flag = ctx.flags.max_num_seqs or (int(cap_from_gauge) if cap_from_gauge else None)
