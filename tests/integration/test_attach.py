@@ -86,7 +86,7 @@ def test_running_moves_under_a_30_request_burst(vllm_main: VllmServer) -> None:
 
 
 def test_waiting_moves_when_the_kv_budget_is_tiny(tiny_burst: Path) -> None:
-    """The shared recording of a 30-request burst on the 12-block server (tests/conftest.py)."""
+    """The shared recording of a 60-request burst on the 12-block server (tests/conftest.py)."""
     history = read_recording(tiny_burst).scrapes()
     snaps = [s.snapshot for s in history if s.snapshot]
     assert max(s.value("num_requests_waiting") or 0 for s in snaps) > 0

@@ -206,7 +206,7 @@ def test_queue_at_the_cap_says_raise_max_num_seqs(condition_servers: dict[str, V
 
 
 def test_tiny_block_budget_says_more_kv_never_more_seqs(tiny_burst: Path) -> None:
-    """The shared recording of a 30-request burst on the 12-block server (tests/conftest.py)."""
+    """The shared recording of a 60-request burst on the 12-block server (tests/conftest.py)."""
     code, findings = diagnose_cli("--replay", str(tiny_burst))
     f = by_id(findings, "kv_pressure")
     assert code >= 1 and f["evidence"]["preemptions"] > 0 and f["evidence"]["max_kv_cache_usage_perc"] >= 0.95

@@ -20,7 +20,7 @@ from diagnostics.core.simulator.config import EngineConfig
 from diagnostics.core.simulator.hardware import GPU_SPECS
 from diagnostics.core.simulator.scheduler import SimEngine
 from diagnostics.recording import read_recording
-from tests.conftest import TINY_BURST_PROMPT, record_tiny_burst
+from tests.conftest import TINY_BURST_PROMPT, TINY_BURST_REQUESTS, TINY_BURST_TOKENS, record_tiny_burst
 from tests.integration import load
 from tests.integration.test_paged_real import run as real_request
 from tests.integration.vllm_server import VllmServer
@@ -64,10 +64,10 @@ def test_prefix_hits_equal_the_real_servers(vllm_tiny: VllmServer) -> None:
 
 class _BurstEvents:
     """Where the real server's events fell in a recording of the burst, on the share of the burst's
-    6,000 output tokens generated so far (the server's own counter): each as the scrapes bracket it,
+    12,000 output tokens generated so far (the server's own counter): each as the scrapes bracket it,
     (share at the last scrape without it, at the first with it)."""
 
-    TOTAL_TOKENS = 30 * 200
+    TOTAL_TOKENS = TINY_BURST_REQUESTS * TINY_BURST_TOKENS
 
     def __init__(self, path: Path) -> None:
         snaps = [s.snapshot for s in read_recording(path).scrapes() if s.snapshot is not None]
@@ -119,9 +119,9 @@ class _BurstEvents:
 def test_burst_kv_trajectory_and_preemption_onset_are_close(
     tiny_burst: Path, vllm_tiny: VllmServer, tmp_path: Path
 ) -> None:
-    """The shared recording of 30 requests of 200 tokens on the 12-block server (tests/conftest.py)
+    """The shared recording of 60 requests of 200 tokens on the 12-block server (tests/conftest.py)
     against the simulator given the same burst. Where in the burst each event falls is judged on a
-    clock that does not depend on the host's speed: the share of the burst's 6,000 output tokens
+    clock that does not depend on the host's speed: the share of the burst's 12,000 output tokens
     generated so far (the server's own counter), and the burst's length in engine steps (its
     ``iteration_tokens`` histogram counts one per step). The simulator's CPU preset is fitted to
     one machine's speed, so wall-clock seconds would measure the machine (a busy one ran every step
@@ -142,8 +142,8 @@ def test_burst_kv_trajectory_and_preemption_onset_are_close(
                     f"{real.full} {real.onset}")
 
     engine = SimEngine(TINY)
-    for _ in range(30):
-        engine.add_request(list(TINY_BURST_PROMPT), 200)
+    for _ in range(TINY_BURST_REQUESTS):
+        engine.add_request(list(TINY_BURST_PROMPT), TINY_BURST_TOKENS)
     sim_pre = sim_steps = sim_generated = 0
     sim_onset = sim_full = None
     while not engine.idle():
