@@ -152,8 +152,9 @@ def _revive_killed_servers(request: pytest.FixtureRequest) -> None:
 @pytest.fixture(scope="session")
 def tiny_burst(vllm_tiny: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real recording (0.25 s scrapes, 1 s idle either side) of 60 requests of 200 tokens sent
-    at once to the 12-block server: waiting, a full KV cache and preemption. Recorded once, read by
-    the collector test, the diagnosis test and the simulator's fidelity test alike."""
+    at once to the 12-block server: waiting, a full KV cache and preemption. Recorded once per
+    session (again only where a recording did not measure the burst, see ``record_tiny_burst``),
+    read by the collector test, the diagnosis test and the simulator's fidelity test alike."""
     return record_tiny_burst(vllm_tiny, tmp_path_factory.mktemp("tiny-burst") / "burst.jsonl.gz")
 
 
@@ -161,7 +162,7 @@ def record_tiny_burst(server: VllmServer, path: Path) -> Path:
     """A real recording of the burst on the 12-block ``server`` (see ``tiny_burst``).
 
     The 12 blocks hold about 6 of these requests at a time, so the cache stays full and requests
-    wait for most of the burst: on an idle host about 4 s, 15 scrapes. A scrape can still miss it:
+    wait for most of the burst: on an idle host about 4 s, 16 scrapes. A scrape can still miss it:
     an idle rehearsal's recording of 30 requests (sent by 30 client threads of the recording's own
     process) read the cache 9 % full at most and nothing waiting beside 19 preemptions. On two
     hogged cores the scrapes then came 1.5-3 s apart, and those that did land inside the burst
@@ -180,8 +181,9 @@ def record_tiny_burst(server: VllmServer, path: Path) -> Path:
         seen.append(live_scrapes_early_in_burst(taken, TINY_BURST_REQUESTS * TINY_BURST_TOKENS))
         if seen[-1] >= TINY_BURST_MIN_LIVE:
             return taken
-        print(f"retrying: {seen[-1]} scrapes read the gauges live in the burst's first half ({TINY_BURST_MIN_LIVE} "
-              f"needed to measure it){'; sending it again' if attempt < 2 else ''}")
+        if attempt < 2:
+            print(f"retrying: {seen[-1]} scrapes read the gauges live in the burst's first half ({TINY_BURST_MIN_LIVE} "
+                  f"needed to measure it); sending it again")
     pytest.fail(f"in 3 recordings of the burst, {seen} scrapes read the gauges live in its first half "
                 f"({TINY_BURST_MIN_LIVE} needed)")
 
@@ -197,12 +199,17 @@ TINY_BURST_MIN_LIVE = 3
 def live_scrapes_early_in_burst(path: Path, total_tokens: int) -> int:
     """The scrapes of a recording that read the server's gauges live in the first half of a burst of
     ``total_tokens``: the server's own generated-token counter past its first scrape's reading and
-    short of half the total, and the running gauge counting requests. With 60 requests in flight
-    and room for about 6, the cache is full and requests wait all through that half; vLLM 0.32's
-    gauges can still read 0 running, 0 waiting and an empty cache there (on two hogged cores four
-    scrapes in a row read so while 800-10,600 of the 12,000 tokens were generated), which is no
-    reading of the burst at all."""
+    short of half the total, and the running gauge counting requests. Live means vLLM's gauges were
+    being updated, not that the cache was full (a scrape in the burst's first steps reads the cache
+    filling and nobody waiting yet); vLLM 0.32's gauges can read 0 running, 0 waiting and an empty
+    cache with 60 requests in flight (on two hogged cores four scrapes in a row read so, in vLLM's
+    own /metrics text, while 800-11,200 of the 12,000 tokens were generated), which is no reading of
+    the burst at all. A recording without the counter or the gauge fails at once: that is the
+    collector's fault, not the host's."""
     snaps = [s.snapshot for s in read_recording(path).scrapes() if s.snapshot is not None]
+    assert snaps, f"{path}: no scrape of the server answered"
+    for concept in ("generation_tokens", "num_requests_running"):
+        assert any(s.value(concept) is not None for s in snaps), f"{path}: no scrape read {concept}"
     start = snaps[0].value("generation_tokens") or 0
     return sum(0 < (s.value("generation_tokens") or 0) - start < total_tokens / 2
                and (s.value("num_requests_running") or 0) > 0 for s in snaps)

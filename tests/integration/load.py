@@ -58,15 +58,17 @@ def completions(
 
 
 def completions_apart(url: str, num_requests: int, **kw: Any) -> list[int]:
-    """:func:`completions` run by a child Python process: its client threads then do not hold this
-    process's interpreter lock, so a collector recording here keeps its 0.25 s beat (with 60 client
-    threads in the recording process, scrapes on a busy host came 1.5-3 s apart and one recording's
-    four scrapes inside a burst read the cache 9 % full and nothing waiting)."""
+    """:func:`completions` run by a child Python process: its client threads then do not compete
+    with a collector recording in this process for the interpreter lock. With 30 client threads in
+    the recording's own process, an idle rehearsal's recording of the tiny burst read the cache 9 %
+    full at most and nothing waiting beside 19 preemptions; with 60 there on two hogged cores, the
+    scrapes came 1.5-3 s apart (the busy server's slow /metrics answers count for part of that)."""
     code = ("import json, sys\nfrom tests.integration import load\n"
             "args = json.loads(sys.argv[1])\n"
             "print(json.dumps(load.completions(args.pop('url'), args.pop('num_requests'), **args)))")
     args = json.dumps({"url": url, "num_requests": num_requests, **kw})
-    out = subprocess.run([sys.executable, "-c", code, args], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code, args], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, f"the client process exited with {out.returncode}:\n{out.stderr[-4000:]}"
     return [int(status) for status in json.loads(out.stdout.splitlines()[-1])]
 
 
