@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.core.diagnosis import Finding, Thresholds, diagnose, prepare
-from diagnostics.core.metrics.catalog import parse_snapshot
+from diagnostics.core.metrics.catalog import Snapshot, parse_snapshot
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.recording import Recording, read_lines, read_recording
 from tests.fixtures.incidents import record, zero_gauges
@@ -119,6 +119,36 @@ def test_a_flickering_gauge_that_caught_the_queue_at_the_cap_gives_the_cap_and_a
     once = Thresholds(hist_cap_min_scrapes=len(caught) + 1)
     unsure = _queue(diagnose(prepare(scrapes, info=recording.info(), thresholds=once)))
     assert unsure is not None and unsure.suggestions[0].value is None
+
+
+def test_preemption_beside_a_running_gauge_at_0_sizes_fewer_seqs_from_tokens_per_step() -> None:
+    """A real recording (vLLM 0.32, 60 requests of 200 tokens at once on 12 KV blocks, two cores
+    kept busy): the running gauge read 0 at every scrape while the preemption counter rose (a CI
+    rehearsal's recording of the same burst lost the --max-num-seqs advice so: it read the gauge
+    at the onset). The sequences at the onset come from the engine's own counters instead: tokens
+    generated per engine step in the intervals that preempted, counted here from the raw scrapes."""
+    recording = read_recording(FIXTURES / "recording-kv-pressure-gauges-zero-0.32.0.jsonl.gz")
+    scrapes = recording.scrapes()
+    snaps = [s.snapshot for s in scrapes if s.snapshot is not None]
+    pairs = list(zip(snaps, snaps[1:]))
+    preempting = [(a, b) for a, b in pairs if (b.value("num_preemptions") or 0) > (a.value("num_preemptions") or 0)]
+    assert len(preempting) >= 2 and all(b.value("num_requests_running") == 0 for _, b in preempting)
+    assert all(a.value("num_requests_running") == 0 for a, _ in preempting[:1])  # and the scrape before the onset
+
+    def per_step(a: Snapshot, b: Snapshot) -> float:
+        ha, hb = a.histogram("iteration_tokens"), b.histogram("iteration_tokens")
+        assert ha is not None and hb is not None
+        return ((b.value("generation_tokens") or 0) - (a.value("generation_tokens") or 0)) / (hb.count - ha.count)
+
+    batch = round(max(per_step(a, b) for a, b in preempting))
+    found = [f for f in diagnose(prepare(scrapes, info=recording.info())) if f.id == "kv_pressure"]
+    assert len(found) == 1 and found[0].evidence["preemptions"] > 0
+    evidence = found[0].evidence
+    assert evidence["num_requests_running_at_onset"] == batch and evidence["running_at_onset_basis"] == "tokens per step"
+    fewer = [s for s in found[0].suggestions if s.flag == "--max-num-seqs"]
+    assert [s.direction for s in fewer] == ["decrease"] and fewer[0].value is not None
+    assert 1 <= fewer[0].value <= batch < 12  # fewer than the blocks: each running sequence holds one at least
+    assert "read 0 throughout" in fewer[0].why
 
 
 def test_the_gauges_of_a_short_request_data_parallel_recording_read_0_and_it_stays_quiet() -> None:

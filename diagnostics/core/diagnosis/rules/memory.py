@@ -62,6 +62,27 @@ def suggest_more_kv(flags: KnownFlags, t: Thresholds, demand_tokens: float | Non
     return out
 
 
+def _running_at_onset(ctx: Context, episode: tuple[float, float]) -> tuple[float | None, str | None]:
+    """How many sequences ran when preemption began, and from what: the running gauge's highest
+    reading from the scrape before the first preemption episode to that episode's end; where every
+    one of those read 0, the most tokens the engine generated per step in an interval of the
+    episode (its own counters: about the sequences decoded together). vLLM 0.32's gauges can read 0
+    running while the engine preempts (a real 60-request burst on 12 blocks read 0 at every scrape
+    from its start to past the episode's end: ``recording-kv-pressure-gauges-zero-0.32.0.jsonl.gz``),
+    and a reading of 0 beside preemption is no reading. (None, None) where neither says."""
+    start, end = episode
+    ok = ctx.ok
+    before = max((i for i, (s, _) in enumerate(ok) if s.ts < start), default=0)
+    gauge = max((snap.value("num_requests_running") or 0 for s, snap in ok[before:] if s.ts <= end), default=0)
+    if gauge:
+        return gauge, "gauge"
+    batches = [iv.generation_tokens / iv.iteration_tokens.count for iv in ctx.intervals
+               if start <= iv.end <= end and iv.generation_tokens and iv.iteration_tokens and iv.iteration_tokens.count]
+    if batches:
+        return float(round(max(batches))), "tokens per step"
+    return None, None
+
+
 def kv_pressure(ctx: Context) -> list[Finding]:
     """Preemptions while the KV cache is near full: more KV capacity or fewer sequences, never more."""
     t, ok = ctx.thresholds, ctx.ok
@@ -76,10 +97,7 @@ def kv_pressure(ctx: Context) -> list[Finding]:
     usage = [snap.value("kv_cache_usage_perc") for _, snap in ok]
     max_usage = max((u for u in usage if u is not None), default=None)
     waiting = max_gauge(ctx, "num_requests_waiting")
-    first_ts = found[0][0]
-    running_at_onset = next(
-        ((snap.value("num_requests_running") or 0) for s, snap in ok if s.ts >= first_ts), None
-    )
+    running_at_onset, onset_basis = _running_at_onset(ctx, found[0])
     seconds = max(ctx.history[-1].ts - ctx.history[0].ts, 1e-9)
     prompt_p99 = histogram_quantile(0.99, histogram_delta(ctx.history, "request_prompt_tokens"))
     gen_p99 = histogram_quantile(0.99, histogram_delta(ctx.history, "request_generation_tokens"))
@@ -88,8 +106,10 @@ def kv_pressure(ctx: Context) -> list[Finding]:
     if running_at_onset:
         suggestions.append(
             Suggestion("--max-num-seqs", "decrease", max(1, int(running_at_onset * t.kv_fewer_seqs_share)),
-                       f"Preemption began with {running_at_onset:.0f} running; fewer concurrent sequences need "
-                       "fewer blocks (the opposite of raising it).")
+                       f"Preemption began with {running_at_onset:.0f} running"
+                       + (" (tokens generated per engine step: the running gauge read 0 throughout)"
+                          if onset_basis == "tokens per step" else "")
+                       + "; fewer concurrent sequences need fewer blocks (the opposite of raising it).")
         )
     near_full = max_usage is not None and max_usage >= t.kv_full_perc
     # Critical is a server that spends much of its time recomputing: one preemption a second over the
@@ -110,7 +130,8 @@ def kv_pressure(ctx: Context) -> list[Finding]:
                       "requests_finished": finished,
                       "preemptions_per_finished_request": round(share, 3) if share is not None else None,
                       "max_kv_cache_usage_perc": max_usage, "max_num_requests_waiting": waiting,
-                      "num_requests_running_at_onset": running_at_onset, "episodes": len(found)},
+                      "num_requests_running_at_onset": running_at_onset,
+                      "running_at_onset_basis": onset_basis, "episodes": len(found)},
             suggestions=tuple(suggestions),
             checks=(
                 "Confirm preemptions line up with KV usage near 100 % on the chart (not a one-off burst).",
