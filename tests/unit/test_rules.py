@@ -98,6 +98,17 @@ def test_kv_pressure(preempt_per_s: float, usage: float, waiting: float, severit
         assert ("--gpu-memory-utilization", "increase") in flags and ("--kv-cache-dtype", "set") in flags
 
 
+def test_fewer_seqs_is_sized_from_what_ran_at_the_onset_not_the_episodes_peak() -> None:
+    """Preemption from t = 5 s on, once a second, while the running count climbs 10 → 58: one
+    episode. At the onset 10 ran (the scrapes either side read 10), so the advice is three quarters
+    of 10, not of the 58 it reached later."""
+    history = [scrape(float(t), gen=100 * t, running=10 if t <= 5 else 10 + 4 * (t - 5), waiting=5, usage=1.0,
+                      preempt=max(0, t - 4)) for t in range(18)]
+    found = [f for f in diagnose(prepare(history, gpu_memory_utilization=0.9)) if f.id == "kv_pressure"]
+    assert found[0].evidence["num_requests_running_at_onset"] == 10 and found[0].evidence["episodes"] == 1
+    assert [(s.direction, s.value) for s in found[0].suggestions if s.flag == "--max-num-seqs"] == [("decrease", 7)]
+
+
 def test_kv_pressure_does_not_push_utilization_past_the_ceiling() -> None:
     history = [scrape(float(t), gen=100 * t, running=10, usage=1.0, preempt=t) for t in range(10)]
     findings = diagnose(prepare(history, gpu_memory_utilization=0.95))

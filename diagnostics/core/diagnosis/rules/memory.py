@@ -9,6 +9,7 @@ from typing import Any
 from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, whole
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
+from diagnostics.core.metrics.catalog import Snapshot
 from diagnostics.core.metrics.derive import histogram_delta, histogram_quantile, labelled_increase
 from diagnostics.core.text import fmt_bytes
 
@@ -63,24 +64,41 @@ def suggest_more_kv(flags: KnownFlags, t: Thresholds, demand_tokens: float | Non
 
 
 def _running_at_onset(ctx: Context, episode: tuple[float, float]) -> tuple[float | None, str | None]:
-    """How many sequences ran when preemption began, and from what: the running gauge's highest
-    reading from the scrape before the first preemption episode to that episode's end; where every
-    one of those read 0, the most tokens the engine generated per step in an interval of the
-    episode (its own counters: about the sequences decoded together). vLLM 0.32's gauges can read 0
-    running while the engine preempts (a real 60-request burst on 12 blocks read 0 at every scrape
-    from its start to past the episode's end: ``recording-kv-pressure-gauges-zero-0.32.0.jsonl.gz``),
-    and a reading of 0 beside preemption is no reading. (None, None) where neither says."""
+    """How many sequences one engine ran when preemption began, and from what. The running gauge's
+    highest per-engine reading at the two scrapes around the onset (the last before the first
+    preemption episode, the first in it); where both read 0, the sequences the engine decoded per
+    step in the intervals ending at them (tokens generated, less accepted speculative drafts, per
+    engine step: its own counters, a mean a little below the batch's peak); where those give
+    nothing, the earliest reading above 0 in the episode. vLLM 0.32's gauges can read 0 running
+    while the engine preempts (a real 60-request burst on 12 blocks read 0 at every scrape from its
+    start to past the episode's end: ``recording-kv-pressure-gauges-zero-0.32.0.jsonl.gz``), and a
+    reading of 0 beside preemption is no reading. (None, None) where nothing says."""
     start, end = episode
     ok = ctx.ok
-    before = max((i for i, (s, _) in enumerate(ok) if s.ts < start), default=0)
-    gauge = max((snap.value("num_requests_running") or 0 for s, snap in ok[before:] if s.ts <= end), default=0)
+    onset = next((i for i, (s, _) in enumerate(ok) if s.ts >= start), len(ok) - 1)
+    bracket = range(max(onset - 1, 0), onset + 1)
+    gauge = max(_running(ok[i][1]) for i in bracket)
     if gauge:
         return gauge, "gauge"
-    batches = [iv.generation_tokens / iv.iteration_tokens.count for iv in ctx.intervals
-               if start <= iv.end <= end and iv.generation_tokens and iv.iteration_tokens and iv.iteration_tokens.count]
+    batches = [b for i in bracket if i > 0 and (b := _decoded_per_step(ok[i - 1][1], ok[i][1])) is not None]
     if batches:
         return float(round(max(batches))), "tokens per step"
-    return None, None
+    later = next((r for s, snap in ok[onset:] if s.ts <= end and (r := _running(snap))), None)
+    return (later, "gauge") if later else (None, None)
+
+
+def _running(snap: Snapshot) -> float:
+    """The running gauge's highest per-engine reading (--max-num-seqs holds per engine)."""
+    return max((snap.value("num_requests_running", e) or 0.0 for e in snap.engines), default=0.0)
+
+
+def _decoded_per_step(a: Snapshot, b: Snapshot) -> float | None:
+    ha, hb = a.histogram("iteration_tokens"), b.histogram("iteration_tokens")
+    steps = (hb.count - ha.count) if ha is not None and hb is not None else 0
+    tokens = [(b.value(c) or 0.0) - (a.value(c) or 0.0) for c in ("generation_tokens", "spec_decode_num_accepted_tokens")]
+    if steps <= 0 or tokens[0] <= 0 or tokens[1] < 0:
+        return None  # no step, no token, or a restart between the scrapes
+    return (tokens[0] - tokens[1]) / steps
 
 
 def kv_pressure(ctx: Context) -> list[Finding]:
@@ -106,8 +124,9 @@ def kv_pressure(ctx: Context) -> list[Finding]:
     if running_at_onset:
         suggestions.append(
             Suggestion("--max-num-seqs", "decrease", max(1, int(running_at_onset * t.kv_fewer_seqs_share)),
-                       f"Preemption began with {running_at_onset:.0f} running"
-                       + (" (tokens generated per engine step: the running gauge read 0 throughout)"
+                       f"Preemption began with {'about ' if onset_basis == 'tokens per step' else ''}"
+                       f"{running_at_onset:.0f} running"
+                       + (" (sequences decoded per engine step: the running gauge read 0 around the onset)"
                           if onset_basis == "tokens per step" else "")
                        + "; fewer concurrent sequences need fewer blocks (the opposite of raising it).")
         )
