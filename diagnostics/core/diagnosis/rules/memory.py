@@ -10,7 +10,7 @@ from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, whole
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
 from diagnostics.core.metrics.catalog import Snapshot
-from diagnostics.core.metrics.derive import histogram_delta, histogram_quantile, labelled_increase
+from diagnostics.core.metrics.derive import counter_step, histogram_delta, histogram_quantile, labelled_increase
 from diagnostics.core.text import fmt_bytes
 
 # vLLM's own defaults, for a server whose flags are not known.
@@ -80,7 +80,7 @@ def _running_at_onset(ctx: Context, episode: tuple[float, float]) -> tuple[float
     gauge = max(_running(ok[i][1]) for i in bracket)
     if gauge:
         return gauge, "gauge"
-    batches = [b for i in bracket if i > 0 and (b := _decoded_per_step(ok[i - 1][1], ok[i][1])) is not None]
+    batches = [b for i in bracket if i > 0 and (b := _decoded_per_step(ctx, i)) is not None]
     if batches:
         return float(round(max(batches))), "tokens per step"
     later = next((r for s, snap in ok[onset:] if s.ts <= end and (r := _running(snap))), None)
@@ -92,13 +92,16 @@ def _running(snap: Snapshot) -> float:
     return max((snap.value("num_requests_running", e) or 0.0 for e in snap.engines), default=0.0)
 
 
-def _decoded_per_step(a: Snapshot, b: Snapshot) -> float | None:
-    ha, hb = a.histogram("iteration_tokens"), b.histogram("iteration_tokens")
-    steps = (hb.count - ha.count) if ha is not None and hb is not None else 0
-    tokens = [(b.value(c) or 0.0) - (a.value(c) or 0.0) for c in ("generation_tokens", "spec_decode_num_accepted_tokens")]
-    if steps <= 0 or tokens[0] <= 0 or tokens[1] < 0:
-        return None  # no step, no token, or a restart between the scrapes
-    return (tokens[0] - tokens[1]) / steps
+def _decoded_per_step(ctx: Context, i: int) -> float | None:
+    """Sequences decoded per engine step in the interval ending at good scrape ``i``: the tokens it
+    generated (less accepted speculative drafts) per ``iteration_tokens`` observation."""
+    iv, (_, a), (_, b) = ctx.intervals[i - 1], ctx.ok[i - 1], ctx.ok[i]
+    steps = iv.iteration_tokens.count if iv.iteration_tokens is not None else 0
+    d0, d1 = a.value("spec_decode_num_accepted_tokens"), b.value("spec_decode_num_accepted_tokens")
+    accepted = counter_step(d0, d1, iv.restarted) if d0 is not None and d1 is not None else 0.0
+    if steps <= 0 or not iv.generation_tokens:
+        return None
+    return (iv.generation_tokens - accepted) / steps
 
 
 def kv_pressure(ctx: Context) -> list[Finding]:
