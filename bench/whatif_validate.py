@@ -92,12 +92,12 @@ class Offline(Recorder):
     def record(self, name: str, seed: int, tag: str, args: tuple[str, ...] | None = None) -> list[Any] | None:
         args = CASES[name].args if args is None else args
         for file, run in self.index.items():
-            if run["case"] == name and (run["tag"] == tag if tag == "before" else tuple(run["args"]) == args):
+            if run["case"] == name and (run["tag"] == tag if tag in ("before", "again") else tuple(run["args"]) == args):
                 return read_recording(self.keep / file).scrapes()
         return None
 
 
-def validate(name: str, rec: Recorder, seed: int) -> dict[str, Any]:
+def validate(name: str, rec: Recorder, seed: int, again: bool = True) -> dict[str, Any]:
     case = CASES[name]
     budgets = Budgets(itl_ms=case.budgets.get("itl_ms"), ttft_ms=case.budgets.get("ttft_ms"))
     top = None
@@ -126,6 +126,13 @@ def validate(name: str, rec: Recorder, seed: int) -> dict[str, Any]:
                 "checks": [c.to_json() for c in pred.checks], "goal": goal.to_json(), "goal_answer": answer.to_json(),
                 "seek_seconds": answer.seconds})
     runs: dict[str, dict[str, float | None]] = {}
+    if again:
+        # The unchanged flags served again with the same workload: how far a real re-run moves with
+        # nothing changed (the host's noise), the yardstick beside every error below.
+        same = rec.record(name, seed, "again")
+        if same is not None:
+            runs["again"] = whatif.recorded(same).metrics
+            out["again"] = runs["again"]
     if pred.reproduces:
         after = rec.record(name, seed, "after", with_changes(case.args, changes))
         if after is None:
@@ -165,6 +172,16 @@ def _arrow(before: float | None, after: float | None) -> str:
     return {1: "up", -1: "down", 0: "no change"}[trend(before, after)]
 
 
+def _again(res: dict[str, Any], metric: str) -> str:
+    """The unchanged flags' re-run on ``metric`` and how far it moved from the recording."""
+    again = res.get("again", {}).get(metric)
+    before = res["rows"][metric]["recorded_before"] if "rows" in res else None
+    if again is None:
+        return "—"
+    moved = error(again, before)
+    return fmt(metric, again) + ("" if moved is None else f" ({moved * 100:+.0f} %)")
+
+
 def fmt(metric: str, v: object) -> str:
     if v is None:
         return "—"
@@ -174,8 +191,8 @@ def fmt(metric: str, v: object) -> str:
 
 def report(results: list[dict[str, Any]]) -> None:
     print("\n| case | change | aimed metric | recorded before | replayed before | predicted after (interval) | "
-          "measured after | error | inside | direction |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "measured after | error | inside | direction | unchanged flags re-run |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     right = within = inside = judged = 0
     inside_all = judged_all = 0
     for res in results:
@@ -212,7 +229,8 @@ def report(results: list[dict[str, Any]]) -> None:
         print(f"| {res['case']} | `{change}` | {whatif.LABELS[m]} | {fmt(m, b)} | {fmt(m, r['replayed_before'])} | "
               f"{fmt(m, p)} ({fmt(m, r['low'])}–{fmt(m, r['high'])}) | {fmt(m, real)} | "
               f"{'—' if err is None else f'{err * 100:+.0f} %'} | {'yes' if hit else 'no'} | "
-              f"{'right' if direction else 'wrong'} (predicted {_arrow(r['replayed_before'], p)}, measured {_arrow(b, real)}) |")
+              f"{'right' if direction else 'wrong'} (predicted {_arrow(r['replayed_before'], p)}, measured {_arrow(b, real)}) | "
+              f"{_again(res, m)} |")
     print(f"\naimed metric: direction right {right}/{judged}, within ±30 % {within}/{judged}, inside the interval "
           f"{inside}/{judged}; every metric with an after-value: inside the interval {inside_all}/{judged_all}")
     print("\n| case | goal | change found (seconds) | predicted | measured | met on the real re-run |")
