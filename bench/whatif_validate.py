@@ -8,7 +8,7 @@ direction, goal met); asserts nothing. Results are written as they come (``--jso
 short keeps the cases it finished.
 
     flock /tmp/heavy.lock .venv/bin/python bench/whatif_validate.py [CASE ...] [--json out.json] [--keep DIR]
-    .venv/bin/python bench/whatif_validate.py --offline DIR   # no server: the model judged on a --keep run's recordings
+    .venv/bin/python bench/whatif_validate.py --offline DIR [--swap]  # no server: the model judged on a --keep run's recordings
 
 ``--offline`` replays what a ``--keep`` run recorded (``DIR/runs.json`` names each recording's case and flags):
 a change to the simulator or the intervals is judged in seconds against the same real re-runs; a change the
@@ -34,7 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diagnostics.core import whatif  # noqa: E402
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare  # noqa: E402
+from diagnostics.core.whatif.gate import bucket_of  # noqa: E402
 from diagnostics.core.whatif.goals import Goal, seek  # noqa: E402
+from diagnostics.core.whatif.ranges import RANGES  # noqa: E402
+from diagnostics.core.whatif.replay import ITL_BOUNDS, TTFT_BOUNDS  # noqa: E402
 from diagnostics.recording import read_recording  # noqa: E402
 from tests.fixtures.incidents.record import BY_NAME, HELDOUT_BY_NAME, record_case  # noqa: E402
 
@@ -89,8 +92,14 @@ class Offline(Recorder):
     """Reads what a :class:`Recorder` kept instead of serving: a run with the same case, tag and
     flags, or None where none was recorded (the model now asks for a change nobody ran)."""
 
+    def __init__(self, keep: Path, swap: bool = False) -> None:
+        super().__init__(keep)
+        self.swap = swap
+
     def record(self, name: str, seed: int, tag: str, args: tuple[str, ...] | None = None) -> list[Any] | None:
         args = CASES[name].args if args is None else args
+        if self.swap:  # the unchanged flags' re-run taken as the incident, the first recording as its re-run
+            tag = {"before": "again", "again": "before"}.get(tag, tag)
         for file, run in self.index.items():
             if run["case"] == name and (run["tag"] == tag if tag in ("before", "again") else tuple(run["args"]) == args):
                 return read_recording(self.keep / file).scrapes()
@@ -158,6 +167,19 @@ def validate(name: str, rec: Recorder, seed: int, again: bool = True) -> dict[st
     return out
 
 
+def bucket_error(metric: str, pred: float | None, real: float | None) -> float | None:
+    """The error as the gate judges a baseline (:mod:`diagnostics.core.whatif.gate`): a measured
+    latency percentile is known only to its histogram bucket (vLLM 0.32's bounds, the recordings'),
+    so the prediction is measured to the nearer edge of that bucket, 0 inside it; other metrics as
+    points."""
+    if pred is None or real is None:
+        return None
+    bounds = {"itl": ITL_BOUNDS, "ttft": TTFT_BOUNDS}.get(metric.split("_")[0])
+    bucket = bucket_of(real, bounds) if bounds else None
+    nearest = real if bucket is None else min(max(pred, bucket[0]), bucket[1])
+    return None if nearest == 0 else (pred - nearest) / nearest
+
+
 def trend(before: float, after: float, dead: float = 0.05) -> int:
     """+1 up, −1 down, 0 within ``dead`` of ``before``."""
     if before == 0:
@@ -166,10 +188,10 @@ def trend(before: float, after: float, dead: float = 0.05) -> int:
     return 0 if abs(change) < dead else (1 if change > 0 else -1)
 
 
-def _arrow(before: float | None, after: float | None) -> str:
+def _arrow(before: float | None, after: float | None, dead: float = 0.05) -> str:
     if before is None or after is None:
         return "—"
-    return {1: "up", -1: "down", 0: "no change"}[trend(before, after)]
+    return {1: "up", -1: "down", 0: "no change"}[trend(before, after, dead)]
 
 
 def _again(res: dict[str, Any], metric: str) -> str:
@@ -191,9 +213,9 @@ def fmt(metric: str, v: object) -> str:
 
 def report(results: list[dict[str, Any]]) -> None:
     print("\n| case | change | aimed metric | recorded before | replayed before | predicted after (interval) | "
-          "measured after | error | inside | direction | unchanged flags re-run |")
+          "measured after | error (to its bucket) | inside | direction | unchanged flags re-run |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    right = within = inside = judged = 0
+    right = within = within_bucket = inside = judged = 0
     inside_all = judged_all = 0
     for res in results:
         if "aimed" not in res:
@@ -217,10 +239,15 @@ def report(results: list[dict[str, Any]]) -> None:
         b, p, real = r["recorded_before"], r["after"], r["measured_after"]
         # The prediction is the change from the replay under the current flags; the real one, from
         # the recording. Less than 5 % either way is "no change"; both alike is the right direction.
+        # A measured move no larger than the unchanged flags' own re-run moved is no change either.
+        again = res.get("again", {}).get(m)
+        noise = abs(again - b) / abs(b) if again is not None and b else 0.0
         direction = None not in (b, p, real, r["replayed_before"]) and (
-            trend(r["replayed_before"], p) == trend(b, real))
+            trend(r["replayed_before"], p) == trend(b, real, max(0.05, noise)))
         right += bool(direction)
+        berr = bucket_error(m, p, real)
         within += err is not None and abs(err) <= 0.3
+        within_bucket += berr is not None and abs(berr) <= 0.3
         inside += hit
         for row in res["rows"].values():
             if row["low"] is not None and row["measured_after"] is not None:
@@ -228,10 +255,13 @@ def report(results: list[dict[str, Any]]) -> None:
                 inside_all += row["low"] <= row["measured_after"] <= row["high"]
         print(f"| {res['case']} | `{change}` | {whatif.LABELS[m]} | {fmt(m, b)} | {fmt(m, r['replayed_before'])} | "
               f"{fmt(m, p)} ({fmt(m, r['low'])}–{fmt(m, r['high'])}) | {fmt(m, real)} | "
-              f"{'—' if err is None else f'{err * 100:+.0f} %'} | {'yes' if hit else 'no'} | "
-              f"{'right' if direction else 'wrong'} (predicted {_arrow(r['replayed_before'], p)}, measured {_arrow(b, real)}) | "
+              f"{'—' if err is None else f'{err * 100:+.0f} %'}"
+              f"{'' if berr is None or berr == err else f' ({berr * 100:+.0f} %)'} | {'yes' if hit else 'no'} | "
+              f"{'right' if direction else 'wrong'} (predicted {_arrow(r['replayed_before'], p)}, "
+              f"measured {_arrow(b, real, max(0.05, noise))}) | "
               f"{_again(res, m)} |")
-    print(f"\naimed metric: direction right {right}/{judged}, within ±30 % {within}/{judged}, inside the interval "
+    print(f"\naimed metric: direction right {right}/{judged}, within ±30 % {within}/{judged} (to the measured "
+          f"value's histogram bucket: {within_bucket}/{judged}), inside the interval "
           f"{inside}/{judged}; every metric with an after-value: inside the interval {inside_all}/{judged_all}")
     print("\n| case | goal | change found (seconds) | predicted | measured | met on the real re-run |")
     print("|---|---|---|---|---|---|")
@@ -258,6 +288,25 @@ def report(results: list[dict[str, Any]]) -> None:
         print(f"| {res['case']} | {g.text()} | `{change}` ({res['seek_seconds']:.1f} s) | {fmt(g.metric, gr['predicted'])} | "
               f"{fmt(g.metric, gr['measured'])} | {'yes' if gr['met'] else 'no'} |")
     print(f"\ngoal met on the real re-run: {met}/{tried}")
+    rerun_noise(results)
+
+
+def rerun_noise(results: list[dict[str, Any]]) -> None:
+    """How far the unchanged flags' re-run moved from the recording, metric by metric (|again −
+    before| / before over the cases with both): the host's own noise, against which the interval
+    floors of :data:`diagnostics.core.whatif.ranges.RANGES` are set."""
+    rows = []
+    for metric in SHOWN:
+        moves = sorted(abs(e) for res in results if "rows" in res and (e := error(
+            res.get("again", {}).get(metric), res["rows"][metric]["recorded_before"])) is not None)
+        if moves:
+            floor = RANGES.floor_for(metric)
+            rows.append(f"| {whatif.LABELS[metric]} | {len(moves)} | {moves[len(moves) // 2] * 100:.0f} % | "
+                        f"{moves[-1] * 100:.0f} % | ±{floor * 100:.0f} % |")
+    if rows:
+        print("\n| metric | cases | median move on an unchanged re-run | largest | interval floor |")
+        print("|---|---|---|---|---|")
+        print("\n".join(rows))
 
 
 def main() -> None:
@@ -268,12 +317,14 @@ def main() -> None:
     parser.add_argument("--report", help="only print the tables of a --json file written before")
     parser.add_argument("--keep", help="keep the recordings (and runs.json, the flags of each) in this folder")
     parser.add_argument("--offline", help="serve nothing: judge the model on the recordings a --keep run left here")
+    parser.add_argument("--swap", action="store_true", help="with --offline: judge from the unchanged flags' re-run "
+                        "('again') as the incident, a second look at the same real after-runs")
     args = parser.parse_args()
     if args.report:
         report(json.loads(Path(args.report).read_text()))
         return
     if args.offline:
-        rec: Recorder = Offline(Path(args.offline))
+        rec: Recorder = Offline(Path(args.offline), swap=args.swap)
         cases = [c for c in args.cases if any(r["case"] == c for r in rec.index.values())] if args.cases != list(
             DEFAULT) else list(dict.fromkeys(r["case"] for r in rec.index.values()))
     else:

@@ -275,6 +275,22 @@ def test_an_interval_by_hand_arithmetic() -> None:
     assert estimate("itl_p95_seconds", None, 0.08, 0.1, [0.08]) is None
 
 
+def test_a_metric_whose_real_re_runs_move_further_gets_the_wider_floor_by_hand() -> None:
+    """TTFT p95 with a re-run floor of ±60 %, ITL p95 with none (the ±25 % floor): after-value 1 s,
+    the baseline exact, one seed: TTFT 1 × 0.4 − 0.01 = 0.39 s to 1 × 1.6 + 0.01 = 1.61 s; ITL
+    0.1 × 0.75 − 0.01 to 0.1 × 1.25 + 0.01. A re-run floor at or past 100 % leaves the low end at 0."""
+    from diagnostics.core.whatif.ranges import Ranges, estimate
+
+    r = Ranges(seeds=1, floor=0.25, rerun=(("ttft_p95_seconds", 0.6), ("itl_p99_seconds", 0.1)))
+    assert r.floor_for("ttft_p95_seconds") == 0.6 and r.floor_for("itl_p99_seconds") == 0.25
+    ttft = estimate("ttft_p95_seconds", 1.0, 1.0, 1.0, [1.0], r)
+    assert ttft is not None and ttft.low == pytest.approx(0.39) and ttft.high == pytest.approx(1.61)
+    itl = estimate("itl_p95_seconds", 0.1, 0.1, 0.1, [0.1], r)
+    assert itl is not None and itl.low == pytest.approx(0.065) and itl.high == pytest.approx(0.135)
+    wide = estimate("ttft_p95_seconds", 1.0, 1.0, 1.0, [1.0], Ranges(seeds=1, rerun=(("ttft_p95_seconds", 1.5),)))
+    assert wide is not None and wide.low == 0.0 and wide.high == pytest.approx(2.51)
+
+
 def test_the_step_cost_models_the_window_cannot_rule_out_widen_the_interval_by_hand() -> None:
     """The same after-value of 100 ms, the baseline exact (ratio 1), one seed; the change replayed
     with a flat step gave 50 ms and with one that grows with the batch 300 ms: low = 50 × 0.75 − 10

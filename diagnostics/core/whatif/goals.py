@@ -155,7 +155,7 @@ def candidates(flags: Flags, base: Baseline) -> list[Step]:
         value = round(cap * factor)
         if value <= 1024 and bound:
             out.append(Step("seqs-up", "--max-num-seqs", str(value), math.log2(factor)))
-    for factor in (0.75, 0.5, 0.25, 0.125):
+    for factor in (0.75, 0.5, 0.25, 0.125, 0.0625, 0.03125):
         value = round(running * factor)
         if 1 <= value < running:
             out.append(Step("seqs-down", "--max-num-seqs", str(value), math.log2(running / value)))
