@@ -278,7 +278,7 @@ def test_an_interval_by_hand_arithmetic() -> None:
 def test_a_metric_whose_real_re_runs_move_further_gets_the_wider_floor_by_hand() -> None:
     """TTFT p95 with a re-run floor of ±60 %, ITL p95 with none (the ±25 % floor): after-value 1 s,
     the baseline exact, one seed: TTFT 1 × 0.4 − 0.01 = 0.39 s to 1 × 1.6 + 0.01 = 1.61 s; ITL
-    0.1 × 0.75 − 0.01 to 0.1 × 1.25 + 0.01. A re-run floor at or past 100 % leaves the low end at 0."""
+    0.1 × 0.75 − 0.01 to 0.1 × 1.25 + 0.01. A re-run floor past 100 % leaves the low end at 0, never below."""
     from diagnostics.core.whatif.ranges import Ranges, estimate
 
     r = Ranges(seeds=1, floor=0.25, rerun=(("ttft_p95_seconds", 0.6), ("itl_p99_seconds", 0.1)))
@@ -317,11 +317,32 @@ def test_an_assumed_per_sequence_share_keeps_the_step_the_window_measured() -> N
     assert cal.assuming(1.0).cost.fitted(0, 20) == pytest.approx(0.070)
 
 
+def test_what_the_window_could_not_price_is_priced_high_by_hand() -> None:
+    """A step of 10 ms + 1 ms a sequence at a mean batch of 4 costs 14 ms, so a decoded token costs
+    3.5 ms there. No per-prompt-token cost in the fit: a prompt token is priced at 3.5 ms (a step
+    with 100 prompt tokens and 4 sequences: 14 + 350 = 364 ms); the per-sequence cost it did show is
+    kept. A flat 14 ms step (no per-sequence cost either): all of it per sequence, 3.5 ms each, and
+    prompt tokens at 3.5 ms too. A prompt cost the fit did find (20 us) is kept as it is."""
+    def cal(cost: whatif.StepCost, unknown: bool) -> whatif.Calibration:
+        return whatif.Calibration(cost, 100, 16, True, None, 0.9, "auto", 0.1, 10, not unknown, 4.0,
+                                  seq_cost_unknown=unknown, mean_batch=4.0)
+
+    priced = cal(whatif.StepCost(0.01, 0.001, 0.0), False).unknowns_priced().cost
+    assert (priced.base, priced.per_seq, priced.per_prefill_token) == (0.01, 0.001, pytest.approx(0.0035))
+    assert priced.fitted(100, 4) == pytest.approx(0.364)
+    flat = cal(whatif.StepCost(0.014, 0.0, 0.0), True).unknowns_priced().cost
+    assert (flat.base, flat.per_seq, flat.per_prefill_token) == (pytest.approx(0.0), pytest.approx(0.0035),
+                                                                  pytest.approx(0.0035))
+    known = cal(whatif.StepCost(0.01, 0.001, 0.00002), False).unknowns_priced().cost
+    assert (known.base, known.per_seq, known.per_prefill_token) == (0.01, 0.001, 0.00002)
+
+
 def test_a_window_whose_batch_never_varied_gets_a_range_spanning_flat_and_growing_steps() -> None:
     """queue_cap_burst (a real recording: 4 running throughout, so no per-sequence cost is found):
     the calibration says so and the replay keeps the step flat. Raising the cap to 20 runs more
     sequences than the window did, so its interval reaches the change replayed with a step
-    proportional to the batch (replayed here on its own), slower than the flat point. Lowering the
+    proportional to the batch (replayed here on its own; the range's own replay also prices its prompt
+    tokens, so it reaches at least as far), slower than the flat point. Lowering the
     cap runs fewer: no second replay, the interval is the seeds' and the floor's."""
     scrapes = recording("queue_cap_burst")
     base = whatif.baseline(scrapes, prepare(scrapes).flags)
@@ -375,3 +396,23 @@ def test_every_shown_after_value_carries_its_interval_on_a_real_recording() -> N
     doc = sug.to_json()["prediction"]["itl_p95_seconds"]
     assert doc["low"] == pytest.approx(m["low"], abs=1e-6) and doc["high"] == pytest.approx(m["high"], abs=1e-6)
     assert f"~{m['after'] * 1000:,.0f} ms ({m['low'] * 1000:,.0f}–{m['high'] * 1000:,.0f})" in (sug.prediction_note or "")
+
+
+def test_the_shipped_floors_are_the_re_runs_measured_by_hand() -> None:
+    """The default ranges, every seed and the baseline exact (spread 1, ratio 1): ITL p50/p95 keep
+    ±25 %, 0.1 s → 0.075 − 0.01 = 0.065 to 0.125 + 0.01 = 0.135; ITL p99 ±45 %: 0.055 − 0.01 = 0.045
+    to 0.155; p99.9 ±60 %: 0.03 to 0.17; TTFT p50 ±90 %, 1 s → 0.1 − 0.01 = 0.09 to 1.91; p95 ±60 %:
+    0.39 to 1.61; tok/s ±40 % (no absolute floor), 100 → 60 to 140; preemptions ±40 % (± 2 a minute),
+    10 → 6 − 2 = 4 to 14 + 2 = 16; waiting ±50 % (± 2), 10 → 3 to 17 (docs/whatif.md's table)."""
+    from diagnostics.core.whatif.ranges import estimate
+
+    cases = {  # metric: (after, low, high)
+        "itl_p50_seconds": (0.1, 0.065, 0.135), "itl_p95_seconds": (0.1, 0.065, 0.135),
+        "itl_p99_seconds": (0.1, 0.045, 0.155), "itl_p999_seconds": (0.1, 0.03, 0.17),
+        "ttft_p50_seconds": (1.0, 0.09, 1.91), "ttft_p95_seconds": (1.0, 0.39, 1.61),
+        "output_tokens_per_second": (100.0, 60.0, 140.0), "preemptions_per_minute": (10.0, 4.0, 16.0),
+        "max_num_requests_waiting": (10.0, 3.0, 17.0),
+    }
+    for metric, (after, low, high) in cases.items():
+        e = estimate(metric, after, after, after, [after, after, after])
+        assert e is not None and (e.low, e.high) == pytest.approx((low, high)), metric

@@ -166,3 +166,30 @@ def test_a_search_out_of_time_says_so() -> None:
     scrapes = recording("queue_cap_closed_loop")
     answer = seek(scrapes, KnownFlags(), [Goal("ttft_p95_seconds", 1.0)], time_budget_s=0.0)
     assert answer.cut_short and answer.trials == 0 and not answer.met and answer.to_json()["cut_short"] is True
+
+
+def _candidates_for(max_running: float) -> list:
+    from types import SimpleNamespace
+
+    from diagnostics.core.whatif.flags import Flags
+
+    flags = Flags(max_num_seqs=128, max_num_batched_tokens=2048, num_gpu_blocks=1000, block_size=16,
+                  enable_prefix_caching=True, max_model_len=4096)
+    base = SimpleNamespace(before=SimpleNamespace(metrics={"max_num_requests_waiting": 0.0,
+                                                           "preemptions_per_minute": 0.0}),
+                           workload=SimpleNamespace(requests=[], prefix_hit_fraction=0.0),
+                           calibration=SimpleNamespace(max_running=max_running))
+    return candidates(flags, base)  # type: ignore[arg-type]
+
+
+def test_the_cap_is_lowered_as_far_as_a_thirty_second_of_what_ran_by_hand() -> None:
+    """A cap of 128 of which 96 ran at most: lowering it tries 96 × ¾, ½, ¼, ⅛, 1/16, 1/32 = 72, 48,
+    24, 12, 6, 3 (a ramp to 96 that stopped at 12 needed 6), each as big a change as log2(96 / value)
+    = 0.415, 1, 2, 3, 4, 5. Nothing waited nor was preempted, so no raise is searched. With 10
+    running: 10 × ¾ = 7.5 → 8, 5, 2.5 → 2, 1.25 → 1, and 0.625 → 1 again, tried once."""
+    steps = _candidates_for(96.0)
+    down = [s for s in steps if s.axis == "seqs-down"]
+    assert [s.value for s in down] == ["72", "48", "24", "12", "6", "3"]
+    assert [s.size for s in down] == pytest.approx([0.415, 1, 2, 3, 4, 5], abs=1e-3)
+    assert all(s.flag == "--max-num-seqs" for s in down) and not any(s.axis == "seqs-up" for s in steps)
+    assert [s.value for s in _candidates_for(10.0) if s.axis == "seqs-down"] == ["8", "5", "2", "1"]

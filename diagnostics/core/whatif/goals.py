@@ -155,9 +155,11 @@ def candidates(flags: Flags, base: Baseline) -> list[Step]:
         value = round(cap * factor)
         if value <= 1024 and bound:
             out.append(Step("seqs-up", "--max-num-seqs", str(value), math.log2(factor)))
+    lowered: set[int] = set()
     for factor in (0.75, 0.5, 0.25, 0.125, 0.0625, 0.03125):
         value = round(running * factor)
-        if 1 <= value < running:
+        if 1 <= value < running and value not in lowered:  # a small count rounds to the same value twice
+            lowered.add(value)
             out.append(Step("seqs-down", "--max-num-seqs", str(value), math.log2(running / value)))
     budget = flags.max_num_batched_tokens
     for value in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768):

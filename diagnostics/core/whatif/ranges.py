@@ -113,7 +113,7 @@ def estimate(metric: str, after: float | None, replayed: float | None, recorded:
     others = [a for a in alternatives if a is not None]
     lowest, highest = min([after, *others]), max([after, *others])
     share = ranges.floor_for(metric)
-    low = lowest * lo_s * min(1.0, ratio) * max(0.0, 1 - share) - tolerance.floor(metric)
+    low = lowest * lo_s * min(1.0, ratio) * (1 - share) - tolerance.floor(metric)  # held at 0 below
     high = highest * hi_s * max(1.0, ratio) * (1 + share) + tolerance.floor(metric)
     return Estimate(after, max(0.0, low), high)
 
