@@ -317,32 +317,11 @@ def test_an_assumed_per_sequence_share_keeps_the_step_the_window_measured() -> N
     assert cal.assuming(1.0).cost.fitted(0, 20) == pytest.approx(0.070)
 
 
-def test_what_the_window_could_not_price_is_priced_high_by_hand() -> None:
-    """A step of 10 ms + 1 ms a sequence at a mean batch of 4 costs 14 ms, so a decoded token costs
-    3.5 ms there. No per-prompt-token cost in the fit: a prompt token is priced at 3.5 ms (a step
-    with 100 prompt tokens and 4 sequences: 14 + 350 = 364 ms); the per-sequence cost it did show is
-    kept. A flat 14 ms step (no per-sequence cost either): all of it per sequence, 3.5 ms each, and
-    prompt tokens at 3.5 ms too. A prompt cost the fit did find (20 us) is kept as it is."""
-    def cal(cost: whatif.StepCost, unknown: bool) -> whatif.Calibration:
-        return whatif.Calibration(cost, 100, 16, True, None, 0.9, "auto", 0.1, 10, not unknown, 4.0,
-                                  seq_cost_unknown=unknown, mean_batch=4.0)
-
-    priced = cal(whatif.StepCost(0.01, 0.001, 0.0), False).unknowns_priced().cost
-    assert (priced.base, priced.per_seq, priced.per_prefill_token) == (0.01, 0.001, pytest.approx(0.0035))
-    assert priced.fitted(100, 4) == pytest.approx(0.364)
-    flat = cal(whatif.StepCost(0.014, 0.0, 0.0), True).unknowns_priced().cost
-    assert (flat.base, flat.per_seq, flat.per_prefill_token) == (pytest.approx(0.0), pytest.approx(0.0035),
-                                                                  pytest.approx(0.0035))
-    known = cal(whatif.StepCost(0.01, 0.001, 0.00002), False).unknowns_priced().cost
-    assert (known.base, known.per_seq, known.per_prefill_token) == (0.01, 0.001, 0.00002)
-
-
 def test_a_window_whose_batch_never_varied_gets_a_range_spanning_flat_and_growing_steps() -> None:
     """queue_cap_burst (a real recording: 4 running throughout, so no per-sequence cost is found):
     the calibration says so and the replay keeps the step flat. Raising the cap to 20 runs more
     sequences than the window did, so its interval reaches the change replayed with a step
-    proportional to the batch (replayed here on its own; the range's own replay also prices its prompt
-    tokens, so it reaches at least as far), slower than the flat point. Lowering the
+    proportional to the batch (replayed here on its own), slower than the flat point. Lowering the
     cap runs fewer: no second replay, the interval is the seeds' and the floor's."""
     scrapes = recording("queue_cap_burst")
     base = whatif.baseline(scrapes, prepare(scrapes).flags)

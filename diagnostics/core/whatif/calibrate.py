@@ -83,18 +83,6 @@ class Calibration:
                         self.cost.spread, self.cost.seed)
         return replace(self, cost=cost)
 
-    def unknowns_priced(self) -> Calibration:
-        """What the window could not price, priced high: a per-sequence cost it never showed as all of
-        the step proportional to the batch (:meth:`assuming`), and a prompt token it never showed
-        a cost for (no per-prefill-token term) as dear as a decoded token at the window's mean batch.
-        A change that puts more into a step than the window ever did is replayed under this too."""
-        at = self.cost.base + self.cost.per_seq * self.mean_batch  # one step at the window's mean batch
-        cal = self.assuming(1.0) if self.seq_cost_unknown else self
-        if self.cost.per_prefill_token > 0:
-            return cal
-        c = cal.cost
-        return replace(cal, cost=StepCost(c.base, c.per_seq, at / self.mean_batch, c.spread, c.seed))
-
     def to_json(self) -> dict[str, Any]:
         return {"step_seconds": {"base": self.cost.base, "per_sequence": self.cost.per_seq,
                                  "per_prefill_token": self.cost.per_prefill_token},

@@ -115,12 +115,10 @@ class Baseline:
 
             after = run(self.calibration)
             cal = self.calibration
-            if (cal.seq_cost_unknown or cal.cost.per_prefill_token <= 0) and after.max_running > max(
-                    cal.max_running, self.before.max_running):
-                # More sequences in a step than the window ever ran (and as many prompts admitted at
-                # once), at a per-sequence or per-prompt-token cost it never showed: the range spans
-                # the step as fitted (the point) and one with those costs priced high.
-                alternatives = [run(cal.unknowns_priced())]
+            if cal.seq_cost_unknown and after.max_running > max(cal.max_running, self.before.max_running):
+                # More sequences in a step than the window ever ran, at a per-sequence cost it never
+                # showed: the range spans the flat step (the point) and one proportional to the batch.
+                alternatives = [run(cal.assuming(1.0))]
         else:
             after = Outcome(dict.fromkeys(METRICS))
         ranges = estimates(after.metrics, self.before.metrics, self.measured.metrics,
