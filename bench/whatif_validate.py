@@ -9,6 +9,7 @@ short keeps the cases it finished.
 
     flock /tmp/heavy.lock .venv/bin/python bench/whatif_validate.py [CASE ...] [--json out.json] [--keep DIR]
     .venv/bin/python bench/whatif_validate.py --offline DIR [--swap]  # no server: the model judged on a --keep run's recordings
+    flock /tmp/heavy.lock .venv/bin/python bench/whatif_validate.py --keep DIR --add-repeats 2  # each after-run twice more
 
 ``--offline`` replays what a ``--keep`` run recorded (``DIR/runs.json`` names each recording's case and flags):
 a change to the simulator or the intervals is judged in seconds against the same real re-runs; a change the
@@ -60,6 +61,14 @@ def with_changes(args: tuple[str, ...], changes: dict[str, str]) -> tuple[str, .
     return tuple(out)
 
 
+def median(values: list[float | None]) -> float | None:
+    have = sorted(v for v in values if v is not None)
+    if not have:
+        return None
+    mid = len(have) // 2
+    return have[mid] if len(have) % 2 else (have[mid - 1] + have[mid]) / 2
+
+
 def error(pred: float | None, real: float | None) -> float | None:
     if pred is None or real is None or real == 0:
         return None
@@ -86,6 +95,25 @@ class Recorder:
         self.index[path.name] = {"case": name, "seed": seed, "tag": tag, "args": list(args)}
         self.index_path.write_text(json.dumps(self.index, indent=1))
         return read_recording(path).scrapes()
+
+
+    def repeats(self, name: str, args: tuple[str, ...]) -> list[list[Any]]:
+        """The after-run's repeats kept beside it (``after2``, ``after3``…: the same case, seed and
+        flags served again by ``--add-repeats``)."""
+        return [read_recording(self.keep / file).scrapes() for file, run in self.index.items()
+                if run["case"] == name and run["tag"].startswith("after") and run["tag"] != "after"
+                and tuple(run["args"]) == args]
+
+    def add_repeats(self, count: int) -> None:
+        """Serve every kept after-run ``count`` more times (same case, seed and flags): the measured
+        after-value becomes the median of them, so one noisy re-run does not decide an error."""
+        for run in list(self.index.values()):
+            if run["tag"] != "after":
+                continue
+            for k in range(2, count + 2):
+                if f"{run['case']}-after{k}.jsonl.gz" not in self.index:
+                    print(f"{run['case']}: after{k} ({' '.join(run['args'])})", flush=True)
+                    self.record(run["case"], run["seed"], f"after{k}", tuple(run["args"]))
 
 
 class Offline(Recorder):
@@ -147,10 +175,13 @@ def validate(name: str, rec: Recorder, seed: int, again: bool = True) -> dict[st
         if after is None:
             out["not_recorded"] = "after"
         else:
-            runs["suggested"] = whatif.recorded(after).metrics
+            every = [whatif.recorded(a).metrics for a in [after, *rec.repeats(name, with_changes(case.args, changes))]]
+            runs["suggested"] = {m: median([r[m] for r in every]) for m in SHOWN}
+            out["after_runs"] = len(every)
             out["rows"] = {m: {"recorded_before": base.measured.metrics[m], "replayed_before": base.before.metrics[m],
                                **{k: v for k, v in pred.metric(m).items() if k in ("after", "low", "high")},
                                "measured_after": runs["suggested"][m],
+                               "measured_runs": [r[m] for r in every],
                                "error": error(pred.metric(m)["after"], runs["suggested"][m])} for m in SHOWN}
     if answer.found:
         found = answer.found[0].changes
@@ -253,8 +284,11 @@ def report(results: list[dict[str, Any]]) -> None:
             if row["low"] is not None and row["measured_after"] is not None:
                 judged_all += 1
                 inside_all += row["low"] <= row["measured_after"] <= row["high"]
+        runs_m = [v for v in r.get("measured_runs", [real]) if v is not None]
+        shown = fmt(m, real) + (f" (median of {len(runs_m)}: {fmt(m, min(runs_m))}–{fmt(m, max(runs_m))})"
+                                if len(runs_m) > 1 else "")
         print(f"| {res['case']} | `{change}` | {whatif.LABELS[m]} | {fmt(m, b)} | {fmt(m, r['replayed_before'])} | "
-              f"{fmt(m, p)} ({fmt(m, r['low'])}–{fmt(m, r['high'])}) | {fmt(m, real)} | "
+              f"{fmt(m, p)} ({fmt(m, r['low'])}–{fmt(m, r['high'])}) | {shown} | "
               f"{'—' if err is None else f'{err * 100:+.0f} %'}"
               f"{'' if berr is None or berr == err else f' ({berr * 100:+.0f} %)'} | {'yes' if hit else 'no'} | "
               f"{'right' if direction else 'wrong'} (predicted {_arrow(r['replayed_before'], p)}, "
@@ -317,11 +351,16 @@ def main() -> None:
     parser.add_argument("--report", help="only print the tables of a --json file written before")
     parser.add_argument("--keep", help="keep the recordings (and runs.json, the flags of each) in this folder")
     parser.add_argument("--offline", help="serve nothing: judge the model on the recordings a --keep run left here")
+    parser.add_argument("--add-repeats", type=int, metavar="N", help="with --keep DIR: serve each kept after-run N "
+                        "more times (after2…); the measured after-value is then their median")
     parser.add_argument("--swap", action="store_true", help="with --offline: judge from the unchanged flags' re-run "
                         "('again') as the incident, a second look at the same real after-runs")
     args = parser.parse_args()
     if args.report:
         report(json.loads(Path(args.report).read_text()))
+        return
+    if args.add_repeats:
+        Recorder(Path(args.keep)).add_repeats(args.add_repeats)
         return
     if args.offline:
         rec: Recorder = Offline(Path(args.offline), swap=args.swap)
