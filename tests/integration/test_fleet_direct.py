@@ -100,7 +100,13 @@ def test_fleet_url_on_real_servers_puts_the_trouble_on_its_row(vllm_tiny: VllmSe
     assert mine["generation_tokens_per_s"] > 0
     healthy = rows[sim]
     assert healthy["up"] is True and healthy["model"] and healthy["model"] != SERVED_NAME
-    assert healthy["worst_finding"] is None or healthy["worst_finding"]["severity"] == "info", healthy
+    # Nothing above info on the healthy replica, but for one thing the row may truly say on a busy
+    # host: its /metrics answered late (the simulated engine answers from this test's process, beside
+    # the 16 clients' threads; a busy rehearsal saw 4 timed-out scrapes). That is the scrape's timing,
+    # said as such, not trouble moved onto the wrong row.
+    worst = healthy["worst_finding"]
+    assert worst is None or worst["severity"] == "info" or worst["id"] == "scrapes_slow", healthy
+    assert "kv_pressure" not in healthy["findings"], healthy
     assert healthy["generation_tokens_per_s"] > 0
     assert rows[dead]["state"] == "down" and rows[dead]["worst_finding"]["id"] == "server_down"
     assert rows[dead]["kv_cache_usage_perc"] is None
