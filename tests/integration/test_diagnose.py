@@ -276,13 +276,17 @@ def test_a_sleeping_engine_is_named_asleep_not_stalled_and_serves_again_once_wok
 
 
 def _stalls_after_prompts(gaps: list[tuple[float, float]], batches: list[tuple[float, float]],
-                          bounds: tuple[float, ...]) -> tuple[float, float, int, int, int]:
+                          bounds: tuple[float, ...]) -> tuple[float, float, int, int, int, int]:
     """How the decoders' token gaps ``(end, gap)`` line up with the long-prompt ``batches`` ``(sent,
     answered)``: ``(needed, bar, batches followed by a stall past the bar, stalls after a batch,
-    stalls)``. A stall is a gap three times their median, ≥ 0.2 s and past the next of the server's
+    stalls, concentrated)``. A stall is a gap three times their median, ≥ 0.2 s and past the next of the server's
     ITL bucket ``bounds``; it follows a batch when it began while the batch was in the server and
     ended after it was sent. The bar: twice the 90th percentile of the stalls that followed no batch
-    (what a busy host does to the decoders at random), or ``needed`` when there were none."""
+    (what a busy host does to the decoders at random), or ``needed`` when there were none.
+    ``concentrated``: batches during which the decoders stalled at all (≥ ``needed``), counted only
+    where nearly every stall (≥ 90 %, at least 8 stalls) began during a batch — the host then
+    stalled them at random too rarely for its stalls to set a bar (a busy rehearsal: 112 of 113
+    stalls after a batch, and the one random stall of 0.97 s put the bar at 1.93 s)."""
     usual = max(0.2, 3 * statistics.median(gap for _, gap in gaps))
     needed = next(b for b in bounds if b >= usual)
     stalls = [(ts - gap, ts) for ts, gap in gaps if gap >= needed]
@@ -294,7 +298,9 @@ def _stalls_after_prompts(gaps: list[tuple[float, float]], batches: list[tuple[f
     bar = max(needed, 2 * at_random[int(0.9 * (len(at_random) - 1))]) if at_random else needed
     after_prompt = sum(any(during(g, b) for b in batches) for g in stalls)
     prompts_followed = sum(any(during(g, b) and g[1] - g[0] >= bar for g in stalls) for b in batches)
-    return needed, bar, prompts_followed, after_prompt, len(stalls)
+    concentrated = (sum(any(during(g, b) for g in stalls) for b in batches)
+                    if len(stalls) >= 8 and after_prompt >= 0.9 * len(stalls) else 0)
+    return needed, bar, prompts_followed, after_prompt, len(stalls), concentrated
 
 
 @pytest.mark.timeout(1800)  # three runs of up to 8 long-prompt batches: on a busy 2-core host one took > 600 s
@@ -313,7 +319,10 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
     server's own buckets can tell it from the usual gap); at least two long-prompt batches were followed
     by one that began while the batch was in the server (sent, not yet answered) and lasted twice
     the 90th percentile of the stalls outside the batches (a busy host also stalls the decoders at
-    random: a rehearsal with one core kept busy had 1,176 stalls, 342 of them after a batch). A run
+    random: a rehearsal with one core kept busy had 1,176 stalls, 342 of them after a batch), or, where
+    ≥ 90 % of the stalls began during a batch, two batches were followed by any stall (a busy host
+    that rarely stalls them at random leaves too few random stalls for a bar: one of 0.97 s among
+    113 set it at 1.93 s above 112 batch stalls). A run
     where that did not hold is repeated with one more long prompt sent together (a longer prefill),
     and says so; three such runs fail."""
     server = condition_servers["small"]
@@ -353,14 +362,16 @@ def test_long_prefills_stalling_decodes_say_lower_the_chunk(
                 decoders.join(300)
 
         path = record(server, tmp_path / f"hol-{attempt}.jsonl.gz", mixed, interval=1.0)
-        needed, bar, prompts_followed, after_prompt, stalls = _stalls_after_prompts(
+        needed, bar, prompts_followed, after_prompt, stalls, concentrated = _stalls_after_prompts(
             clients.gaps_s, batches, _itl_bounds(path))
         print(f"run {attempt + 1}: {len(batches)} batches of {together} long prompt(s), {prompts_followed} followed by a "
               f"decoder gap ≥ {bar:.3f} s (twice what the host did at random; a stall is ≥ {needed:.3f} s), "
-              f"{after_prompt} of {stalls} stalls after one")
-        if prompts_followed >= 2:
+              f"{after_prompt} of {stalls} stalls after one ({concentrated} batches followed by a stall, counted "
+              "where ≥ 90 % of the stalls followed one)")
+        if prompts_followed >= 2 or concentrated >= 2:
             break
-        print("retrying: 2 batches followed by such a gap were needed; sending one more together")
+        print("retrying: 2 batches followed by such a gap (or by any stall, with ≥ 90 % of the stalls after one) "
+              "were needed; sending one more together")
     else:
         pytest.fail(f"in 3 runs the decoders' stalls did not follow the long prompts: {prompts_followed} batches "
                     f"followed by a gap ≥ {bar:.3f} s, {after_prompt} of {stalls} stalls (≥ {needed:.3f} s) after one")
