@@ -20,7 +20,7 @@ from diagnostics.core.metrics.catalog import (
     LABELLED_GAUGES,
     NEEDS_A_FLAG,
 )
-from diagnostics.core.metrics.derive import counter_steps, derive_state, prefix_cache_hit_rate, window
+from diagnostics.core.metrics.derive import counter_steps, derive_state, labels_total, prefix_cache_hit_rate, window
 from diagnostics.recording import RecordingWriter, read_recording
 from diagnostics.sources.vllm_http import VllmClient
 from tests.conftest import wait_for
@@ -101,15 +101,26 @@ def test_windowed_prefix_hit_rate_rises_when_a_long_prompt_repeats(vllm_main: Vl
     prompt = " ".join(f"w{rng.randint(0, 10**6)}" for _ in range(150))
     collector = collector_for(vllm_main)
     assert wait_for(lambda: len(collector.history()) >= 2)
+    finished = labels_total("request_success")
+
+    def done() -> float:  # requests the collector has seen finish (the server is shared: counted from here)
+        snap = collector.history()[-1].snapshot
+        return (finished(snap) or 0.0) if snap is not None else -1.0
+
+    start = done()
     load.completions(vllm_main.url, 1, prompt=prompt, max_tokens=4)
-    time.sleep(2.5)  # longer than the recent window below, so that window cannot see the first miss
+    # Judged on what the collector recorded, not on the clock (a busy host scraped late and the last
+    # 2 s of a fixed window held no request): the scrape that counted the first request (its miss).
+    assert wait_for(lambda: done() >= start + 1), "the collector never saw the first request finish"
+    seen = collector.history()[-1].ts
     first = prefix_cache_hit_rate(collector.history())
     for _ in range(5):
         load.completions(vllm_main.url, 1, prompt=prompt, max_tokens=4)
-    time.sleep(0.6)
+    assert wait_for(lambda: done() >= start + 6), "the collector never saw the five repeats finish"
     collector.stop()
     after = prefix_cache_hit_rate(collector.history())
-    recent = prefix_cache_hit_rate(window(collector.history(), 2.0))
+    # A window that begins at that scrape holds only the repeats' increases: it forgets the miss.
+    recent = prefix_cache_hit_rate(window(collector.history(), collector.history()[-1].ts - seen))
     assert first is not None and first < 0.05
     assert after is not None and after > 0.5
     assert recent is not None and recent > after  # the window forgets the first miss
