@@ -107,6 +107,7 @@ def test_windowed_prefix_hit_rate_rises_when_a_long_prompt_repeats(vllm_main: Vl
         snap = collector.history()[-1].snapshot
         return (finished(snap) or 0.0) if snap is not None else -1.0
 
+    assert wait_for(lambda: done() >= 0), "the collector never read the server"
     start = done()
     load.completions(vllm_main.url, 1, prompt=prompt, max_tokens=4)
     # Judged on what the collector recorded, not on the clock (a busy host scraped late and the last
