@@ -173,6 +173,7 @@ def render_whatif(p: whatif.Prediction) -> str:
              f"{c.cost.per_prefill_token * 1e6:.1f} µs/prefill token (fit error {_pct(c.fit_error)} over "
              f"{c.points} intervals{_seq_share_note(c)}); "
              f"{c.num_gpu_blocks:,} KV blocks of {c.block_size}",
+             *_api_server_line(p),
              ("baseline  reproduces the window: " if p.reproduces else "baseline  DOES NOT reproduce the window "
               "(no after-value): ") + "; ".join(whatif.check_text(c) for c in p.checks),
              f"{'metric':18} {'recorded':>10} {'replayed':>10} {'predicted (range)':>26}  replay error"]
@@ -282,6 +283,20 @@ def render_probe(summary: ProbeSummary) -> str:
     for d in disagreements(summary):
         lines.append(f"note          {d.text}")
     return "\n".join(lines)
+
+
+def _api_server_line(p: whatif.Prediction) -> list[str]:
+    """The API server's share of TTFT the replay adds, and what the range does with it."""
+    share = p.api_server_json()
+    if not share["ttft_share_seconds"]:
+        return []
+    at = share["streams_at_window"]
+    line = (f"frontend  {share['ttft_share_seconds'] * 1000:.0f} ms of each TTFT outside the engine (the API server)"
+            + (f", measured while ~{at:.0f} streams ran (as replayed, at each first token)" if at is not None else ""))
+    if share["grown_in_range"]:
+        line += (f"; this change runs up to {share['streams_after_at_most']} at once, so the TTFT range also grows "
+                 "that share with the streams in flight (the point holds it)")
+    return [line]
 
 
 def _seq_share_note(c: whatif.Calibration) -> str:

