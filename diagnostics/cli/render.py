@@ -287,16 +287,8 @@ def render_probe(summary: ProbeSummary) -> str:
 
 def _api_server_line(p: whatif.Prediction) -> list[str]:
     """The API server's share of TTFT the replay adds, and what the range does with it."""
-    share = p.api_server_json()
-    if not share["ttft_share_seconds"]:
-        return []
-    at = share["streams_at_window"]
-    line = (f"frontend  {share['ttft_share_seconds'] * 1000:.0f} ms of each TTFT outside the engine (the API server)"
-            + (f", measured while ~{at:.0f} streams ran (as replayed, at each first token)" if at is not None else ""))
-    if share["grown_in_range"]:
-        line += (f"; this change runs up to {share['streams_after_at_most']} at once, so the TTFT range also grows "
-                 "that share with the streams in flight (the point holds it)")
-    return [line]
+    text = whatif.api_server_text(p)
+    return [f"frontend  {text}"] if text else []
 
 
 def _seq_share_note(c: whatif.Calibration) -> str:

@@ -69,6 +69,8 @@ def prediction(suggestion: Suggestion, replay_error: dict[str, float | None] | N
     elif suggestion.prediction is not None:
         chart(partial(prediction_figure, suggestion.prediction), key, "No metric to compare.")
         note = f"**Predicted:** {md_escape(suggestion.prediction_note or '')}"
+        if (share := whatif.api_server_text(suggestion.prediction)) is not None:
+            note += f"  \nTTFT: {md_escape(share)}."
         if replay_error:
             parts = [f"{whatif.LABELS[m]} {e * 100:.0f} %" for m in ("itl_p95_seconds", "ttft_p95_seconds",
                                                                    "output_tokens_per_second")

@@ -1,7 +1,9 @@
 """The what-if screenshots in docs/screenshots/, taken in headless Chromium on real corpus
 recordings: the Diagnose page's "Find a change that meets the budget" answer on
-queue_cap_closed_loop (TTFT budget 2 s), and a KV-pressure card on the held-out ho_kv_bytes_wide,
-whose window the replay does not reproduce (no after-value).
+queue_cap_closed_loop (TTFT budget 2 s), a KV-pressure card on the held-out ho_kv_bytes_wide,
+whose window the replay does not reproduce (no after-value), and the queue card of the validation's
+queue_cap_burst recording, whose cap raise runs more streams than the window did (the TTFT range
+grows the API server's share, and the caption says so).
 
 Run (it starts Streamlit and Chromium): ``flock /tmp/heavy.lock .venv/bin/python -m tests.e2e.screenshots_whatif``
 """
@@ -50,6 +52,10 @@ def main() -> int:
         expect(page.get_by_text("does not reproduce this window").first).to_be_visible()
         page.wait_for_timeout(2000)
         section(page, "KV-cache pressure:", OUT / "diagnose-not-reproduced.png", 900, above=80)
+        _recording(page, url, ROOT / "bench" / "whatif_runs" / "2026-12-06" / "queue_cap_burst-before.jsonl.gz")
+        expect(page.get_by_text("so the TTFT range also grows that share").first).to_be_visible()
+        page.wait_for_timeout(2000)
+        section(page, "Predicted:", OUT / "diagnose-api-server-share.png", 600, above=460)
     return 0
 
 

@@ -130,6 +130,30 @@ def test_diagnose_page_names_head_of_line_blocking_on_a_real_incident(page: Page
     shoot(page, "diagnose-head-of-line.png")
 
 
+def test_a_cap_raise_past_what_the_window_ran_says_the_ttft_range_grows_the_api_servers_share(
+        page: Page, streamlit_url: str) -> None:
+    """The validation's real queue_cap_burst recording (40 requests at once against a cap of 4): the
+    queue card's --max-num-seqs 40 runs more streams than the window did, and its caption names the
+    share the replay adds to every TTFT — the recording's mean end-to-end latency less its mean queue
+    and inference time, computed here from its histograms — and that the range grows it."""
+    from diagnostics.core.metrics.derive import histogram_delta
+    from diagnostics.recording import read_recording
+
+    recording = ROOT / "bench" / "whatif_runs" / "2026-12-06" / "queue_cap_burst-before.jsonl.gz"
+    ok = [s for s in read_recording(recording).scrapes() if s.snapshot is not None]
+    means = []
+    for concept in ("e2e_request_latency_seconds", "request_queue_time_seconds", "request_inference_time_seconds"):
+        h = histogram_delta(ok, concept)
+        assert h is not None and h.count
+        means.append(h.sum / h.count)
+    share_ms = round((means[0] - means[1] - means[2]) * 1000)
+    _diagnose_recording(page, streamlit_url, recording)
+    expect(page.get_by_text("--max-num-seqs 40").first).to_be_visible()
+    caption = page.get_by_text(f"TTFT: {share_ms} ms of each TTFT outside the engine (the API server)").first
+    expect(caption).to_be_visible()
+    expect(caption).to_contain_text("so the TTFT range also grows that share with the streams in flight")
+
+
 def test_paged_attention_and_capacity_pages(page: Page, streamlit_url: str) -> None:
     page.goto(streamlit_url + "/PagedAttention")
     expect(page.get_by_text("1 · Block size is a trade-off").first).to_be_visible()

@@ -29,12 +29,20 @@ from diagnostics.core.whatif.gate import (
 from diagnostics.core.whatif.predict import Baseline, Prediction, baseline
 from diagnostics.core.whatif.ranges import RANGES, Estimate, Ranges, estimate
 from diagnostics.core.whatif.replay import METRICS, Outcome, recorded, replay
-from diagnostics.core.whatif.words import HIGHER_IS_BETTER, LABELS, check_text, fmt_value, not_reproduced, summary
+from diagnostics.core.whatif.words import (
+    HIGHER_IS_BETTER,
+    LABELS,
+    api_server_text,
+    check_text,
+    fmt_value,
+    not_reproduced,
+    summary,
+)
 from diagnostics.core.whatif.workload import InferredWorkload, LengthDist, infer_workload
 
 __all__ = [
     "AIMED", "DEFAULT_AIM", "REPRODUCTION", "Check", "Reproduction", "aimed_for", "bucket_of", "check", "check_text",
-    "not_reproduced", "RANGES", "Estimate", "Ranges", "estimate",
+    "not_reproduced", "api_server_text", "RANGES", "Estimate", "Ranges", "estimate",
     "HIGHER_IS_BETTER", "LABELS", "METRICS", "MODELLED", "Baseline", "Calibration", "Flags", "InferredWorkload",
     "LengthDist", "NotModelled", "Outcome", "Prediction", "StepCost", "apply", "baseline", "calibrate", "fmt_value",
     "infer_workload", "recorded", "replay", "suggestion_changes", "summary", "with_predictions",

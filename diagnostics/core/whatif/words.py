@@ -82,3 +82,19 @@ def summary(prediction: Prediction, min_change: float = 0.05) -> str:
     if not gains and not costs:
         return "no metric moves by 5 % or more"
     return "; ".join(gains) + (("; trade-off: " if gains else "costs: ") + "; ".join(costs) if costs else "")
+
+
+def api_server_text(prediction: Prediction) -> str | None:
+    """The API server's share of TTFT the replay adds, and what the range does with it (None when
+    the window showed none): "48 ms of each TTFT outside the engine (the API server), measured while
+    ~3 streams ran (as replayed, at each first token); this change runs up to 24 at once, so …"."""
+    share = prediction.api_server_json()
+    if not share["ttft_share_seconds"]:
+        return None
+    at = share["streams_at_window"]
+    text = (f"{fmt_seconds_as_ms(share['ttft_share_seconds'])} of each TTFT outside the engine (the API server)"
+            + (f", measured while ~{at:.0f} streams ran (as replayed, at each first token)" if at is not None else ""))
+    if share["grown_in_range"]:
+        text += (f"; this change runs up to {share['streams_after_at_most']} at once, so the TTFT range also grows "
+                 "that share with the streams in flight (the point holds it)")
+    return text
