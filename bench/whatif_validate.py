@@ -41,11 +41,50 @@ from diagnostics.core.whatif.goals import Goal, seek  # noqa: E402
 from diagnostics.core.whatif.ranges import RANGES  # noqa: E402
 from diagnostics.core.whatif.replay import ITL_BOUNDS, TTFT_BOUNDS  # noqa: E402
 from diagnostics.recording import read_recording  # noqa: E402
-from tests.fixtures.incidents.record import BY_NAME, HELDOUT_BY_NAME, record_case  # noqa: E402
+from tests.fixtures.incidents.record import (  # noqa: E402
+    BY_NAME,
+    HELDOUT_BY_NAME,
+    Case,
+    Run,
+    _gaps_after,
+    _long_prompts_among_decoders,
+    record_case,
+    words,
+)
+from tests.integration.load import closed_loop  # noqa: E402
 
 DEFAULT = ("queue_cap_closed_loop", "ho_queue_cap_h8", "kv_pressure_blocks_override", "ho_kv_block32_h3",
            "hol_mid_sparse", "ho_hol_wide", "slow_decode_small", "ho_slow_decode_h8")
-CASES = {**BY_NAME, **HELDOUT_BY_NAME}
+
+
+def _val_queue_cap_h8_loop(run: Run) -> None:
+    closed_loop(run.server.url, run.clients, 16, 30,
+                lambda: {"prompt": words(run.rng, 20), "max_tokens": 96, "stream": True}).join(180)
+
+
+def _val_hol_h8(run: Run) -> None:
+    _long_prompts_among_decoders(run, decoders=12, seconds=36, decoder_tokens=300, warmup=3, rounds=8, prompts=1,
+                                 prompt_words=1500, pause=lambda: 3)
+
+
+# Validation-only cases (not in the corpus), written on 2026-12-06 before any of them was recorded or
+# answered: the queue and head-of-line classes on the 8-layer model, where the held-out recipes did not
+# show their incident on an idle host.
+VALIDATION_ONLY = {c.name: c for c in (
+    Case("val_queue_cap_h8_loop", "queue_at_cap",
+         "--max-num-seqs 4 on the 8-layer model; 16 closed-loop streaming clients (20-word prompts, 96 tokens) for 30 s",
+         "h8", ("--max-num-seqs", "4"), _val_queue_cap_h8_loop,
+         {"top": "queue_at_cap", "severity": "warning", "flag": "--max-num-seqs", "direction": "increase"},
+         shows=lambda f: f["clients"]["failed"] == 0 and f["clients"]["ok"] >= 16),
+    Case("val_hol_h8", "head_of_line",
+         "12 closed-loop streaming decoders (300 tokens) on the 8-layer model; a 1,500-word prompt every 3 s "
+         "under --max-num-batched-tokens 4096",
+         "h8", ("--max-num-batched-tokens", "4096"), _val_hol_h8,
+         {"top": "head_of_line_blocking", "severity": "warning", "flag": "--max-num-batched-tokens",
+          "direction": "decrease"},
+         shows=lambda f: _gaps_after(f, "long_prompt", 0.15)),
+)}
+CASES = {**BY_NAME, **HELDOUT_BY_NAME, **VALIDATION_ONLY}
 SHOWN = whatif.METRICS
 
 
