@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from diagnostics.core.metrics.catalog import Histogram
@@ -157,7 +157,6 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
     run = _Replay(engine, workload.prefix_hit_fraction, max(1, round(workload.n)), flags.max_model_len, rng,
                   [rng.randrange(10, 30000) for _ in range(longest)])
     itl: list[tuple[float, int]] = []
-    ttft: list[tuple[float, int]] = []
     first: list[tuple[float, int]] = []
     generated = preemptions = 0
     max_waiting = max_running = 0
@@ -184,7 +183,6 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
         max_running = max(max_running, stats.num_running)
         itl.extend((v, 1) for v in stats.itl)
         itl.extend(stats.itl_weighted)
-        ttft.extend((v + calibration.ttft_offset, 1) for v in stats.ttft)
         first.extend((v, stats.num_running) for v in stats.ttft)
 
     def arrive() -> float:
@@ -210,13 +208,12 @@ def replay(workload: InferredWorkload, calibration: Calibration, flags: Flags, *
             for _ in stats.finished:
                 run.submit(*lengths[turn % len(lengths)])
                 turn += 1
-    itl_h, ttft_h = _hist(itl_bounds, itl), _hist(ttft_bounds, ttft)
+    itl_h = _hist(itl_bounds, itl)
     seconds = horizon
     return Outcome({
         "itl_p50_seconds": histogram_quantile(0.5, itl_h), "itl_p95_seconds": histogram_quantile(0.95, itl_h),
         "itl_p99_seconds": histogram_quantile(0.99, itl_h), "itl_p999_seconds": histogram_quantile(0.999, itl_h),
-        "ttft_p50_seconds": histogram_quantile(0.5, ttft_h),
-        "ttft_p95_seconds": histogram_quantile(0.95, ttft_h),
+        **_ttft_metrics(first, lambda _: calibration.ttft_offset, ttft_bounds),
         "output_tokens_per_second": generated / seconds if seconds > 0 else None,
         "preemptions_per_minute": preemptions / seconds * 60 if seconds > 0 else None,
         "max_num_requests_waiting": float(max_waiting),
@@ -233,8 +230,15 @@ def streams_scaled(outcome: Outcome, offset: float, per_stream_at: float,
     Only the TTFT metrics change."""
     if not outcome.first_tokens or per_stream_at <= 0:
         return outcome
-    h = _hist(ttft_bounds, [(v + offset * max(1.0, running / per_stream_at), 1)
-                            for v, running in outcome.first_tokens])
-    return Outcome({**outcome.metrics, "ttft_p50_seconds": histogram_quantile(0.5, h),
-                    "ttft_p95_seconds": histogram_quantile(0.95, h)},
-                   outcome.requests_rejected, outcome.max_running, outcome.first_tokens)
+    grown = _ttft_metrics(outcome.first_tokens, lambda running: offset * max(1.0, running / per_stream_at),
+                          ttft_bounds)
+    return Outcome({**outcome.metrics, **grown}, outcome.requests_rejected, outcome.max_running,
+                   outcome.first_tokens)
+
+
+def _ttft_metrics(first: Sequence[tuple[float, int]], share: Callable[[int], float],
+                  bounds: Sequence[float]) -> dict[str, float | None]:
+    """TTFT p50 and p95 of the replayed first tokens, each with the API server's ``share`` (given
+    the sequences running at it) added to its time in the engine."""
+    h = _hist(bounds, [(v + share(running), 1) for v, running in first])
+    return {"ttft_p50_seconds": histogram_quantile(0.5, h), "ttft_p95_seconds": histogram_quantile(0.95, h)}
