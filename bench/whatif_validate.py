@@ -152,6 +152,24 @@ class Recorder:
                     self.record(run["case"], run["seed"], f"after{k}", tuple(run["args"]))
 
 
+class Fill(Recorder):
+    """Reads what a :class:`Recorder` kept, like :class:`Offline`, and serves only what is missing:
+    an after-run or goal answer the model now asks for that nobody ran (recorded under the next free
+    tag: ``goal2``…). The incident and the unchanged flags' re-run are never recorded again."""
+
+    def record(self, name: str, seed: int, tag: str, args: tuple[str, ...] | None = None) -> list[Any] | None:
+        args = CASES[name].args if args is None else args
+        for file, run in self.index.items():
+            if run["case"] == name and (run["tag"] == tag if tag in ("before", "again") else tuple(run["args"]) == args):
+                return read_recording(self.keep / file).scrapes()
+        if tag in ("before", "again"):
+            return None
+        free = next(f"{tag}{k}" if k > 1 else tag for k in range(1, 100)
+                    if f"{name}-{f'{tag}{k}' if k > 1 else tag}.jsonl.gz" not in self.index)
+        print(f"{name}: {free} ({' '.join(args)}), not recorded before", flush=True)
+        return super().record(name, seed, free, args)
+
+
 class Offline(Recorder):
     """Reads what a :class:`Recorder` kept instead of serving: a run with the same case, tag and
     flags, or None where none was recorded (the model now asks for a change nobody ran)."""
@@ -386,6 +404,8 @@ def main() -> None:
     parser.add_argument("--offline", help="serve nothing: judge the model on the recordings a --keep run left here")
     parser.add_argument("--add-repeats", type=int, metavar="N", help="with --keep DIR: serve each kept after-run N "
                         "more times (after2…); the measured after-value is then their median")
+    parser.add_argument("--fill", help="judge on the recordings a --keep run left here, serving only the after-runs "
+                        "and goal answers the model now asks for that nobody ran")
     parser.add_argument("--swap", action="store_true", help="with --offline: judge from the unchanged flags' re-run "
                         "('again') as the incident, a second look at the same real after-runs")
     args = parser.parse_args()
@@ -395,8 +415,8 @@ def main() -> None:
     if args.add_repeats:
         Recorder(Path(args.keep)).add_repeats(args.add_repeats)
         return
-    if args.offline:
-        rec: Recorder = Offline(Path(args.offline), swap=args.swap)
+    if args.offline or args.fill:
+        rec: Recorder = Offline(Path(args.offline), swap=args.swap) if args.offline else Fill(Path(args.fill))
         cases = [c for c in args.cases if any(r["case"] == c for r in rec.index.values())] if args.cases != list(
             DEFAULT) else list(dict.fromkeys(r["case"] for r in rec.index.values()))
     else:

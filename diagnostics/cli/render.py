@@ -166,7 +166,7 @@ def render_whatif(p: whatif.Prediction) -> str:
     lines = [f"what if: {change}",
              f"workload  {len(w.requests) or len(w.arrivals)} requests in {w.seconds:.0f} s "
              + (f"(a closed loop of {w.closed_loop_clients} clients)" if w.closed_loop_clients else
-                f"({(len(w.requests) or len(w.arrivals)) / max(w.seconds, 1e-9):.2f}/s, open arrivals)")
+                f"({(len(w.requests) or len(w.arrivals)) / max(w.seconds, 1e-9):.2f}/s, open arrivals{_bursts(w)})")
              + f"; prompt {w.prompt.mean:.0f} tokens, output {w.output.mean:.0f} tokens (means), n {w.n:.1f}, "
                f"prefix hits {w.prefix_hit_fraction * 100:.0f} %",
              f"engine    step = {c.cost.base * 1000:.2f} ms + {c.cost.per_seq * 1000:.2f} ms/sequence + "
@@ -283,6 +283,16 @@ def render_probe(summary: ProbeSummary) -> str:
     for d in disagreements(summary):
         lines.append(f"note          {d.text}")
     return "\n".join(lines)
+
+
+def _bursts(w: whatif.InferredWorkload) -> str:
+    """The intervals whose arrivals the replay sends at once."""
+    if not w.bursts:
+        return ""
+    if len(w.bursts) == 1:
+        at, n = w.bursts[0]
+        return f"; {n} of them at once, {at:.1f} s in"
+    return f"; {len(w.bursts)} bursts sent at once ({', '.join(str(n) for _, n in w.bursts)} requests)"
 
 
 def _api_server_line(p: whatif.Prediction) -> list[str]:

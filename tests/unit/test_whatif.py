@@ -68,6 +68,59 @@ def test_two_bursts_stay_two_bursts() -> None:
     assert split >= 1 and len(arrivals) - split >= 1
 
 
+VALIDATION = ROOT / "bench" / "whatif_runs" / "2026-12-06b"
+
+
+def test_a_burst_between_two_scrapes_arrives_at_once() -> None:
+    """queue_cap_burst recorded by the what-if validation (bench/whatif_validate.py, after the load
+    generator stopped building a TLS context per request): 40 requests of 256 tokens sent at once
+    under --max-num-seqs 4. They all fall between two scrapes; the replay sends them together."""
+    w = whatif.infer_workload(read_recording(VALIDATION / "queue_cap_burst-before.jsonl.gz").scrapes())
+    assert w is not None and w.closed_loop_clients is None
+    assert [n for _, n in w.bursts] == [40]
+    assert len(set(w.arrivals)) == 1 and len(w.arrivals) == 40
+    assert w.to_json()["bursts"] == [{"at_seconds": round(w.bursts[0][0], 3), "requests": 40}]
+
+
+def test_a_burst_is_replayed_at_once_so_a_cap_just_under_it_still_queues() -> None:
+    """The same 40 at once under a cap of 36: four wait for a slot, i.e. for a whole 256-token
+    request, so TTFT p95 (the 38th of 40 first tokens) is at least 256 steps. A step's time is read
+    from the recording's own ITL histogram (its mean gap between tokens); the replay may only be
+    slower, with 36 running instead of 4."""
+    scrapes = read_recording(VALIDATION / "queue_cap_burst-before.jsonl.gz").scrapes()
+    ok = [s for s in scrapes if s.snapshot is not None]
+    first, last = ok[0].snapshot.histogram("inter_token_latency_seconds"), ok[-1].snapshot.histogram(
+        "inter_token_latency_seconds")
+    assert first is not None and last is not None
+    mean_gap = (last.sum - first.sum) / (last.count - first.count)
+    prediction = whatif.baseline(scrapes, KnownFlags(max_num_seqs=4)).predict({"--max-num-seqs": "36"})
+    assert prediction.reproduces
+    assert prediction.after.metrics["ttft_p95_seconds"] >= 256 * mean_gap * 0.9
+    assert prediction.after.metrics["max_num_requests_waiting"] == 4
+
+
+@pytest.mark.parametrize(("counts", "bursts"), [
+    ([10, 10, 10, 10], []),  # steady arrivals: spread evenly, none at once
+    ([2, 2, 0, 8], [(3.5, 8)]),  # 8 where the others saw 2: sent together
+    ([3, 3, 11], []),  # under 4 times the usual 3
+    ([7], []),  # fewer than 8
+    ([0, 40, 0], [(1.5, 40)]),  # a burst alone in a quiet window
+])
+def test_which_intervals_are_bursts(counts: list[int], bursts: list[tuple[float, int]]) -> None:
+    from diagnostics.core.whatif.workload import _placed
+
+    placed, found = _placed([(float(i), float(i + 1), n) for i, n in enumerate(counts)])
+    assert found == bursts
+    assert len(placed) == sum(counts)
+    for i, n in enumerate(counts):
+        inside = sorted(t for t in placed if i <= t < i + 1)
+        assert len(inside) == n
+        if (i + 0.5, n) in bursts:
+            assert set(inside) == {i + 0.5}
+        elif n > 1:  # spread: evenly, half a gap from each edge
+            assert inside == pytest.approx([i + (k + 0.5) / n for k in range(n)])
+
+
 def test_a_mixed_workload_keeps_both_modes_of_its_prompt_lengths() -> None:
     """hol_long_prefills: 16 decoders with 10-word prompts and 900 tokens, and 1,900-word prompts
     with 4 tokens. The histograms count them in buckets (≤ 10 and ≤ 2,000 tokens); the rebuilt
