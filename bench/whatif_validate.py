@@ -51,7 +51,7 @@ from tests.fixtures.incidents.record import (  # noqa: E402
     record_case,
     words,
 )
-from tests.integration.load import closed_loop  # noqa: E402
+from tests.integration.load import burst, closed_loop  # noqa: E402
 
 DEFAULT = ("queue_cap_closed_loop", "ho_queue_cap_h8", "kv_pressure_blocks_override", "ho_kv_block32_h3",
            "hol_mid_sparse", "ho_hol_wide", "slow_decode_small", "ho_slow_decode_h8")
@@ -65,6 +65,10 @@ def _val_queue_cap_h8_loop(run: Run) -> None:
 def _val_hol_h8(run: Run) -> None:
     _long_prompts_among_decoders(run, decoders=12, seconds=36, decoder_tokens=300, warmup=3, rounds=8, prompts=1,
                                  prompt_words=1500, pause=lambda: 3)
+
+
+def _val_burst_h3(run: Run) -> None:
+    burst(run.server.url, run.clients, 30, prompt=words(run.rng, 24), max_tokens=160).join(180)
 
 
 # Validation-only cases (not in the corpus), written on 2026-12-06 before any of them was recorded or
@@ -83,6 +87,13 @@ VALIDATION_ONLY = {c.name: c for c in (
          {"top": "head_of_line_blocking", "severity": "warning", "flag": "--max-num-batched-tokens",
           "direction": "decrease"},
          shows=lambda f: _gaps_after(f, "long_prompt", 0.15)),
+    # Written on 2026-12-07 after the burst rule (diagnostics/core/whatif/workload.py, _placed), before
+    # this case was recorded: a burst on another model shape than queue_cap_burst, the rule's own case.
+    Case("val_burst_h3", "queue_at_cap",
+         "--max-num-seqs 6 on the 3-layer model; 30 requests of 160 tokens (24-word prompts) sent at once",
+         "h3", ("--max-num-seqs", "6"), _val_burst_h3,
+         {"top": "queue_at_cap", "severity": "warning", "flag": "--max-num-seqs", "direction": "increase"},
+         shows=lambda f: f["clients"]["failed"] == 0 and f["clients"]["ok"] >= 30),
 )}
 CASES = {**BY_NAME, **HELDOUT_BY_NAME, **VALIDATION_ONLY}
 SHOWN = whatif.METRICS
