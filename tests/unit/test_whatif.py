@@ -79,7 +79,31 @@ def test_a_burst_between_two_scrapes_arrives_at_once() -> None:
     assert w is not None and w.closed_loop_clients is None
     assert [n for _, n in w.bursts] == [40]
     assert len(set(w.arrivals)) == 1 and len(w.arrivals) == 40
-    assert w.to_json()["bursts"] == [{"at_seconds": round(w.bursts[0][0], 3), "requests": 40}]
+    # At the middle of the interval (between two scrapes) in which they came.
+    ok = [s for s in read_recording(VALIDATION / "queue_cap_burst-before.jsonl.gz").scrapes() if s.snapshot is not None]
+    middles = [(a.ts + b.ts) / 2 - ok[0].ts for a, b in zip(ok, ok[1:])]
+    (at,) = [b["at_seconds"] for b in w.to_json()["bursts"]]
+    assert any(abs(at - m) <= 0.001 for m in middles) and w.arrivals[0] == pytest.approx(at, abs=0.001)
+
+
+def test_the_cli_names_several_bursts_by_their_sizes() -> None:
+    from dataclasses import replace
+
+    from diagnostics.cli.render import _bursts
+
+    w = whatif.infer_workload(read_recording(VALIDATION / "queue_cap_burst-before.jsonl.gz").scrapes())
+    assert w is not None
+    assert _bursts(replace(w, bursts=((1.5, 40), (9.5, 12)))) == "; 2 bursts sent at once (40, 12 requests)"
+    assert _bursts(replace(w, bursts=())) == ""
+
+
+def test_a_closed_loop_lists_no_bursts() -> None:
+    """A closed loop is replayed by its clients, not by arrival times: hol_p99_only (32 closed-loop
+    decoders) and hol_burst_p99 (24, whose held count jumps with each burst of long prompts) list none."""
+    for name, clients in (("hol_p99_only", 32), ("hol_burst_p99", 24)):
+        w = whatif.infer_workload(read_recording(VALIDATION / f"{name}-before.jsonl.gz").scrapes())
+        assert w is not None and w.closed_loop_clients == clients
+        assert w.bursts == () and w.to_json()["bursts"] == []
 
 
 def test_a_burst_is_replayed_at_once_so_a_cap_just_under_it_still_queues() -> None:
@@ -97,6 +121,18 @@ def test_a_burst_is_replayed_at_once_so_a_cap_just_under_it_still_queues() -> No
     assert prediction.reproduces
     assert prediction.after.metrics["ttft_p95_seconds"] >= 256 * mean_gap * 0.9
     assert prediction.after.metrics["max_num_requests_waiting"] == 4
+
+
+@pytest.mark.parametrize(("counts", "bursts"), [
+    ([1, 1, 10, 12], [(2.5, 10), (3.5, 12)]),  # a second burst does not hide the first
+    ([0, 0, 0, 3, 3, 10], []),  # idle intervals are not the usual count
+    ([1, 3, 11], []),  # the usual is the upper median of the others (3): 11 is under 12
+])
+def test_bursts_are_judged_against_the_other_busy_intervals(counts: list[int],
+                                                             bursts: list[tuple[float, int]]) -> None:
+    from diagnostics.core.whatif.workload import _placed
+
+    assert _placed([(float(i), float(i + 1), n) for i, n in enumerate(counts)])[1] == bursts
 
 
 @pytest.mark.parametrize(("counts", "bursts"), [

@@ -196,7 +196,7 @@ def infer_workload(scrapes: Sequence[Scrape], closed_loop_cv: float = 0.2) -> In
         closed_loop_until=ends[loop[1]] if loop else None,
         requests=tuple(requests),
         max_tokens_mean=max_tokens.sum / max_tokens.count if max_tokens is not None and max_tokens.count else None,
-        bursts=tuple(bursts),
+        bursts=() if loop else tuple(bursts),  # a closed loop is replayed by its clients, not its arrivals
     )
 
 
