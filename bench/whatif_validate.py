@@ -144,6 +144,14 @@ class Recorder:
         self.index_path.write_text(json.dumps(self.index, indent=1))
         return read_recording(path).scrapes()
 
+    def kept(self, name: str, tag: str, args: tuple[str, ...]) -> list[Any] | None:
+        """A kept recording of the case: the incident or the unchanged re-run by its tag, any other
+        run by its flags; None where none was recorded."""
+        for file, run in self.index.items():
+            if run["case"] == name and (run["tag"] == tag if tag in ("before", "again") else tuple(run["args"]) == args):
+                return read_recording(self.keep / file).scrapes()
+        return None
+
     def repeats(self, name: str, args: tuple[str, ...]) -> list[list[Any]]:
         """The after-run's repeats kept beside it (``after2``, ``after3``…: the same case, seed and
         flags served again by ``--add-repeats``)."""
@@ -170,13 +178,13 @@ class Fill(Recorder):
 
     def record(self, name: str, seed: int, tag: str, args: tuple[str, ...] | None = None) -> list[Any] | None:
         args = CASES[name].args if args is None else args
-        for file, run in self.index.items():
-            if run["case"] == name and (run["tag"] == tag if tag in ("before", "again") else tuple(run["args"]) == args):
-                return read_recording(self.keep / file).scrapes()
-        if tag in ("before", "again"):
-            return None
-        free = next(f"{tag}{k}" if k > 1 else tag for k in range(1, 100)
-                    if f"{name}-{f'{tag}{k}' if k > 1 else tag}.jsonl.gz" not in self.index)
+        found = self.kept(name, tag, args)
+        if found is not None or tag in ("before", "again"):
+            return found
+        free, k = tag, 1
+        while f"{name}-{free}.jsonl.gz" in self.index:
+            k += 1
+            free = f"{tag}{k}"
         print(f"{name}: {free} ({' '.join(args)}), not recorded before", flush=True)
         return super().record(name, seed, free, args)
 
@@ -193,10 +201,7 @@ class Offline(Recorder):
         args = CASES[name].args if args is None else args
         if self.swap:  # the unchanged flags' re-run taken as the incident, the first recording as its re-run
             tag = {"before": "again", "again": "before"}.get(tag, tag)
-        for file, run in self.index.items():
-            if run["case"] == name and (run["tag"] == tag if tag in ("before", "again") else tuple(run["args"]) == args):
-                return read_recording(self.keep / file).scrapes()
-        return None
+        return self.kept(name, tag, args)
 
 
 def validate(name: str, rec: Recorder, seed: int) -> dict[str, Any]:

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def _tls() -> ssl.SSLContext:
     """One TLS context for every client this module makes. httpx builds a new one (loading the CA
     bundle) for each ``httpx.Client`` otherwise: 28 ms of CPU per request here, with the GIL held,
-    which on two cores delayed every other client thread and the recording's own collector (a
-    closed loop of 20 clients kept 2-4 requests in the server, and the 40 requests of a "burst"
-    reached it over a second or more). Shared, a client costs 0.2 ms."""
+    which on two cores delayed every other client thread and the recording's own collector: a
+    closed loop of 20 clients kept 7-13 requests in the server on average, 19 with the context
+    shared (``bench/loadgen.py``). Shared, a client costs 0.1-0.2 ms."""
     import certifi
 
     return ssl.create_default_context(cafile=certifi.where())

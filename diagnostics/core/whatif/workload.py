@@ -216,16 +216,19 @@ def _placed(came: Sequence[tuple[float, float, int]]) -> tuple[list[float], list
     out: list[float] = []
     bursts: list[tuple[float, int]] = []
     for start, end, n in came:
-        others = list(busy)
-        if n in others:
-            others.remove(n)
-        usual = others[len(others) // 2] if others else 0
-        if n >= BURST_AT_LEAST and n >= BURST_TIMES * usual:
+        if n >= BURST_AT_LEAST and n >= BURST_TIMES * _usual_besides(busy, n):
             out += [(start + end) / 2] * n
             bursts.append(((start + end) / 2, n))
         else:
             out += [start + (i + 0.5) * (end - start) / n for i in range(n)]
     return out, bursts
+
+
+def _usual_besides(busy: Sequence[int], n: int) -> int:
+    """The upper median of the sorted busy counts ``busy`` with one ``n`` taken out (0 if none are left)."""
+    others = list(busy)
+    others.remove(n)
+    return others[len(others) // 2] if others else 0
 
 
 def _expand(hist: Histogram | None, count: int) -> list[float]:
