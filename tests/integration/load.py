@@ -127,6 +127,8 @@ class Clients:
                 "failed": sum(1 for s in self.statuses if s != 200), "token_gaps": len(gaps),
                 "gap_p50_s": q(0.5), "gap_p90_s": q(0.9), "gap_p99_s": q(0.99), "gap_max_s": q(1.0),
                 "request_max_s": round(max(self.durations_s), 3) if self.durations_s else None,
+                # Each request's time, sent to last byte, in the order they ended.
+                "durations_s": [round(d, 3) for d in self.durations_s],
                 # Every status code as its count (-1: no answer, e.g. the client's own timeout fired).
                 "by_status": {str(code): self.statuses.count(code) for code in sorted(set(self.statuses))},
                 # What the answers' own bodies said: tokens generated and why each one stopped.
