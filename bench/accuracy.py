@@ -5,7 +5,8 @@ simulator's scenarios; false alarms on the healthy cases; time to the right knob
     .venv/bin/python bench/accuracy.py [--markdown]
 
 Every case is judged on its top finding (the first above info; "quiet" when none), that finding's
-severity, its first suggestion's flag and direction, and the findings and advice its label forbids
+severity, its first suggestion's flag and direction, its named cause and the alternatives it rules out
+(for labels that name them: issue 41's held-out alternatives), and the findings and advice its label forbids
 (``tests/fixtures/incidents/corpus.py`` says how labels are written). Each column counts the cases
 right out of those whose label judges that aspect; "right" needs every judged aspect.
 Time to the right knob: the diagnosis is re-run on the window from attach (the first scrape) to every
@@ -38,8 +39,9 @@ from tests.fixtures.incidents.corpus import (  # noqa: E402
     top,
 )
 
-ASPECTS = ("top", "severity", "knob", "forbidden")
-HEADER = ("true class", "cases", "top finding", "severity", "first flag + direction", "nothing forbidden", "right")
+ASPECTS = ("top", "severity", "knob", "forbidden", "cause", "alternatives")
+HEADER = ("true class", "cases", "top finding", "severity", "first flag + direction", "nothing forbidden",
+          "cause right", "alternatives ruled out", "right")
 
 
 def time_to_right(case: Case) -> tuple[float | None, int, int]:

@@ -46,6 +46,7 @@ def text(
     prefix_caching: bool = True,
     num_gpu_blocks: int = 1000,
     step_counts: Sequence[float] | None = None,
+    step_sum: float = 0.0,
     prompt_len_counts: Sequence[float] | None = None,
     pin: str = "",
     ttft_counts: Sequence[float] | None = None,
@@ -56,12 +57,14 @@ def text(
     http: Sequence[float] | None = None,
     finished: Sequence[float] | None = None,
     lengths: Sequence[float] | None = None,
+    request_bytes: float | None = None,
 ) -> str:
     """``http``: the API server's answers on /v1/completions, (2xx, 4xx, 5xx); ``finished``: the
     engine's finished sequences by reason, (stop, length, abort, error), and with no ``n_counts`` as
     many n = 1 requests as it finished outside ``abort``; ``lengths``: (prompt tokens, generated
     tokens, sequences) of the finished sequences, as request_prompt_tokens and
-    request_generation_tokens."""
+    request_generation_tokens; ``request_bytes``: the bytes /v1/completions received (every request,
+    as the instrumentator's http_request_size_bytes_sum)."""
     lines = [
         f"vllm:num_requests_running{{{L}}} {running}",
         f"vllm:num_requests_waiting{{{L}}} {waiting}",
@@ -85,6 +88,8 @@ def text(
         lines.append('http_requests_total{handler="/v1/models",method="GET",status="2xx"} 1.0')
         for status, count in zip(("2xx", "4xx", "5xx"), http):
             lines.append(f'http_requests_total{{handler="/v1/completions",method="POST",status="{status}"}} {count}')
+    if request_bytes is not None:
+        lines.append(f'http_request_size_bytes_sum{{handler="/v1/completions"}} {request_bytes}')
     if lengths is not None and prompt_len_counts is None:
         prompt_sum, gen_sum, sequences = lengths
         lines += _hist("vllm:request_prompt_tokens", (1000.0,), [sequences, 0], prompt_sum)
@@ -98,7 +103,7 @@ def text(
         if sum_count is not None:  # (sum, count): the rules read the mean
             lines += _hist(name, (0.3, 1.0), [sum_count[1], 0, 0], sum_count[0])
     if step_counts is not None:
-        lines += _hist("vllm:iteration_tokens_total", STEP_BOUNDS, step_counts, 0.0)
+        lines += _hist("vllm:iteration_tokens_total", STEP_BOUNDS, step_counts, step_sum)
     if prompt_len_counts is not None:
         lines += _hist("vllm:request_prompt_tokens", PROMPT_BOUNDS, prompt_len_counts, 0.0)
     return "\n".join(lines) + "\n"

@@ -168,3 +168,44 @@ def test_the_late_part_needs_its_own_minimum_of_token_gaps(gaps: float, expected
     """The late third (10 s) with 5 slow gaps a second is 50, under the 100 asked; with 20, 200."""
     few = [0.0] * 4 + [gaps] + [0.0] * 9
     assert (_changed(diagnose(prepare(changed_window(slow=few)))) is not None) is expected
+
+
+# -- the cause of a change (issue 41) --------------------------------------------------------------------
+
+
+def missed_window(hits_after: float) -> list:
+    """ITL up fourfold from second 15 at the same 100 prompt tokens and 2 requests a second; the prefix
+    cache served 90 of the 100 prompt tokens each second before, ``hits_after`` after."""
+    window = [{"gen": 200.0, "prompt": 100.0, "queries": 100.0, "hits": 90.0 if t < 15 else hits_after,
+               "itl_counts": list(FAST) if t < 15 else list(SLOW), "ttft_counts": [2, 0, 0],
+               "running": 4.0, "usage": 0.2} for t in range(30)]
+    return cumulative(window)
+
+
+def test_a_change_when_the_prefix_cache_stopped_hitting_names_that_cause_and_leads() -> None:
+    findings = diagnose(prepare(missed_window(hits_after=0.0)))
+    first = next(f for f in findings if f.severity != "info")
+    assert first.id == "latency_changed" and first.evidence["cause"] == "prefix_cache_misses"
+    # 90 % → 0 %; computed per request (100 − 90) / 2 = 5 → 100 / 2 = 50 tokens.
+    assert "from 90 % to 0 %" in first.title and "5 → 50 tokens computed" in first.title
+    fits = {r["cause"]: r["fit"] for r in first.evidence["causes"]}
+    assert fits == {"more_load": "ruled_out", "prefix_cache_misses": "fits", "preemption": "ruled_out",
+                    "queueing": "unknown"}
+    assert first.suggestions == () and first.knobs == ()
+    assert "unexplained_change" not in [f.id for f in findings]
+
+
+def test_a_change_with_the_hits_held_is_unexplained_and_says_the_cache_is_ruled_out() -> None:
+    findings = diagnose(prepare(missed_window(hits_after=90.0)))
+    assert "latency_changed" not in [f.id for f in findings]
+    found = _changed(findings)
+    assert found is not None and found.evidence["cause"] is None
+    assert any(c.startswith("Not prefix-cache misses: the prefix-cache hit rate went 90 % → 90 %") for c in found.checks)
+
+
+def test_a_hit_rate_that_halves_without_more_computed_tokens_is_not_the_cause() -> None:
+    """90 → 45 hit tokens of 100: the rate halves (the fall's edge) and computed tokens go 5 → 27.5 a
+    request, 5.5 times: it fits; 90 → 50 is short of half and is ruled out."""
+    assert diagnose(prepare(missed_window(hits_after=45.0)))[0].evidence.get("cause") == "prefix_cache_misses"
+    found = _changed(diagnose(prepare(missed_window(hits_after=50.0))))
+    assert found is not None and found.evidence["cause"] is None

@@ -32,6 +32,11 @@ KNOWN_MISSES = {
     # but second; slow_decode comes first (ITL p95 372 ms outside the long-prefill intervals, on a host
     # at load average 10-14; clients' token gap p50 102 ms) and leads with --quantization.
     "ho_hol_wide": "top: expected head_of_line_blocking, got slow_decode (forbidden)",
+    # Held-out (issue 41). TTFT p95 0.42 → 2.05 s once the prompts stopped sharing a prefix, but the early
+    # third began with the recording's 3 idle seconds and the late one held the backlog: requests started
+    # per second read 0.93 → 1.72 and the mean running 0.86 → 2.29, so the change reads as more load and
+    # no change finding is made (quiet).
+    "alt_ttft_prefix_miss_wide": "top: expected latency_changed, got quiet",
 }
 
 

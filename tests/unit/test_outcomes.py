@@ -117,24 +117,65 @@ LOG_SET = "INFO 12-01 04:12:49 [api_utils.py:286] non-default args: {'model': 'm
 LOG_UNSET = "INFO 12-01 04:12:49 [api_utils.py:286] non-default args: {'model': 'm'}\n"
 
 
-def test_4xx_prompts_raise_max_model_len_when_it_was_set_below_the_model() -> None:
-    found = outcome(seconds(10, http=(8, 3, 0), finished=(0, 8, 0, 0)), "requests_rejected", log_text=LOG_SET,
-                    max_model_len=512)
-    assert found.severity == "warning" and found.evidence["rejected"] == 27
+def refusals(refused_bytes: float, seconds_: int = 10, pin: str = "") -> list[Scrape]:
+    """Each second 8 answered requests of 20-token prompts (200 bytes each) and, every other second, 3
+    refused with HTTP 4xx of ``refused_bytes`` each: the two counts vary apart, so the sizes tell the
+    refused requests' bytes from the answered ones'."""
+    return cumulative([{"gen": 50, "http": (8, 3 * (t % 2), 0), "finished": (0, 8, 0, 0), "lengths": (160, 400, 8),
+                        "request_bytes": 8 * 200 + 3 * (t % 2) * refused_bytes} for t in range(seconds_)], pin=pin)
+
+
+def test_4xx_of_long_requests_raise_max_model_len_when_it_was_set_below_the_model() -> None:
+    """5,000 bytes a refused request against 200 for a 20-token prompt: about 500 tokens each, near the
+    512-token limit (computed: 20 × 5,000 / 200 = 500 ≥ 512 / 2)."""
+    found = outcome(refusals(5000), "requests_rejected", log_text=LOG_SET, max_model_len=512)
+    assert found.severity == "warning" and found.evidence["rejected"] == 15
+    assert found.evidence["cause"] == "context_limit"
     assert [(s.flag, s.direction) for s in found.suggestions] == [("--max-model-len", "increase")]
+    assert "about 500 tokens each" in found.checks[0]
+
+
+def test_4xx_of_short_requests_are_not_blamed_on_the_context_limit() -> None:
+    """190 bytes a refused request cannot hold a prompt over 512 tokens (a token is at least a byte):
+    the context limit is ruled out by that number, no flag is given, and the title says so."""
+    found = outcome(refusals(190), "requests_rejected", log_text=LOG_SET, max_model_len=512)
+    assert found.evidence["cause"] is None and found.suggestions == ()
+    assert found.title.endswith("cause not identified")
+    assert any(c.startswith("Not prompts beyond --max-model-len: the refused requests averaged 190 bytes")
+               for c in found.checks)
+    assert found.knobs == ()
+
+
+def test_4xx_with_no_size_to_judge_names_no_cause() -> None:
+    """The same counts with every second alike (3 refused each): the sizes cannot be told apart, served
+    prompts are far from the limit, no answer is cut: nothing confirms the context limit."""
+    history = seconds(10, http=(8, 3, 0), finished=(0, 8, 0, 0), prompt_len_counts=[0, 0, 0, 0, 8] + [0] * 7,
+                      request_bytes=8 * 200 + 3 * 190)
+    found = outcome(history, "requests_rejected", max_model_len=512)
+    assert found.evidence["cause"] is None and found.suggestions == ()
+
+
+def test_4xx_answered_404_in_the_access_log_are_an_unserved_model_name() -> None:
+    access = "".join('(APIServer pid=7) INFO:     127.0.0.1:5123 - "POST /v1/completions HTTP/1.1" 404 Not Found\n'
+                     for _ in range(15))
+    found = outcome(refusals(190), "requests_rejected", log_text=LOG_SET + access, max_model_len=512)
+    assert found.evidence["cause"] == "model_not_served"
+    assert [(s.flag, s.direction) for s in found.suggestions] == [("--served-model-name", "set")]
+    assert found.knobs == ("rejected-model-name",)
+    assert "Not prompts beyond --max-model-len" in " ".join(found.checks)
 
 
 def test_4xx_prompts_at_the_models_own_maximum_are_trimmed_on_the_client() -> None:
     """No --max-model-len in the log's non-default args: vLLM derived it from the model, so no flag."""
-    found = outcome(seconds(10, http=(8, 3, 0), finished=(0, 8, 0, 0)), "requests_rejected", log_text=LOG_UNSET,
-                    max_model_len=2048)
-    assert found.suggestions == () and found.checks[0].startswith("Trim on the client")
+    found = outcome(refusals(20000), "requests_rejected", log_text=LOG_UNSET, max_model_len=2048)
+    assert found.evidence["cause"] == "context_limit"
+    assert found.suggestions == () and found.checks[1].startswith("Trim on the client")
 
 
 def test_4xx_prompts_with_a_kv_cache_no_longer_than_the_context_are_trimmed_on_the_client() -> None:
-    history = seconds(10, http=(8, 3, 0), finished=(0, 8, 0, 0), pin=',kv_cache_size_tokens="512"')
-    found = outcome(history, "requests_rejected", max_model_len=512)
-    assert found.suggestions == () and "KV cache holds 512 tokens" in found.checks[0]
+    found = outcome(refusals(5000, pin=',kv_cache_size_tokens="512"'), "requests_rejected", max_model_len=512)
+    assert found.evidence["cause"] == "context_limit"
+    assert found.suggestions == () and "KV cache holds 512 tokens" in found.checks[1]
 
 
 # -- given up -------------------------------------------------------------------------------------

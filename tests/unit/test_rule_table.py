@@ -11,6 +11,7 @@ import pytest
 
 from diagnostics.core.diagnosis import RULES, Budgets, Context, Rule, Thresholds, diagnose, prepare
 from diagnostics.core.diagnosis.alerts import alert_rules
+from diagnostics.core.diagnosis.causes import SYMPTOMS
 from diagnostics.core.diagnosis.context import TokensStopped
 from diagnostics.core.diagnosis.knobs import KNOBS_BY_ID
 from diagnostics.core.diagnosis.logs import ERROR_PATTERNS
@@ -26,7 +27,7 @@ from diagnostics.core.simulator.scenarios import SCENARIOS, Scenario
 from diagnostics.recording import read_recording
 from diagnostics.sim.driver import Simulation
 from tests.unit.synth import cumulative, down, gpu_readings, scrape, text
-from tests.unit.test_changed import changed_window
+from tests.unit.test_changed import changed_window, missed_window
 from tests.unit.test_rules import hol_history, steady
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -138,6 +139,10 @@ def _contexts() -> dict[str, Context]:
     """Windows that make each rule speak (problem, info or nothing), one per condition."""
     stalled = [scrape(float(t), gen=100 * min(t, 4), running=4) for t in range(15)]
     queued = [scrape(float(t), gen=100 * t, running=4, waiting=10 if t >= 5 else 0, usage=0.3) for t in range(12)]
+    # 50 steps a second of 32 tokens each (iteration_tokens' (16, 32] bucket) with 1-3 running and 6
+    # waiting, under --max-num-seqs 8 and --max-num-batched-tokens 32: the budget, not the seats.
+    budget_bound = [scrape(float(t), gen=10 * t, running=1 + t % 3, waiting=6 if t >= 2 else 0, usage=0.2,
+                           step_counts=[0, 0, 0, 50 * t] + [0] * 10, step_sum=32.0 * 50 * t) for t in range(12)]
     preempted = [scrape(float(t), gen=100 * t, running=10, waiting=5, usage=1.0, preempt=2 * t) for t in range(20)]
     slow = [scrape(float(t), gen=100 * t, running=8, itl_counts=[0, 0, 50 * t] + [0] * 11, itl_sum=t)
             for t in range(10)]
@@ -153,6 +158,9 @@ def _contexts() -> dict[str, Context]:
         "stall": prepare(stalled),
         "tokens_stopped": prepare(stalled[:8]),
         "queue": prepare(queued),
+        "queue_token_budget": prepare(budget_bound, max_num_seqs=8, max_num_batched_tokens=32),
+        # The same steps under a budget of 512: neither the seats nor the budget held admission.
+        "requests_waiting": prepare(budget_bound, max_num_seqs=8, max_num_batched_tokens=512),
         "preemption": prepare(preempted),
         "outage_and_restart": prepare(steady(5, running=1) + [down(5.0), down(6.0)] + [_restarted(7.0)]),
         "late_scrape": prepare(late),
@@ -164,6 +172,7 @@ def _contexts() -> dict[str, Context]:
         "sharing_disabled": prepare(sampled),
         "sharing_not_happening": prepare(unshared),
         "unexplained_change": prepare(changed_window()),
+        "latency_changed": prepare(missed_window(hits_after=0.0)),
         "absent": prepare(bare),
         "gpu_throttled": prepare(steady(10), gpus=gpu_readings(10, clock_events=ClockEvent.SW_POWER_CAP)),
         "gpu_saturated": prepare(steady(10, running=64, waiting=12, usage=0.5),
@@ -212,7 +221,13 @@ def test_each_finding_carries_the_knobs_chart_and_window_of_its_row_and_no_body_
             assert (raw.knobs, raw.chart, "window" in raw.evidence) == ((), None, False), (rule.id, raw.id)
         for finding in run_rule(rule, ctx):
             stamp = rule.stamp(finding.id)
-            assert finding.knobs == stamp.knobs, (rule.id, finding.id)
+            # A finding that checked its symptom's causes rests on the named cause's row (none when no cause
+            # was identified); the others on their row's.
+            symptom = SYMPTOMS.get(finding.evidence.get("symptom", ""))
+            cause = finding.evidence.get("cause")
+            knob = symptom.cause(cause).knob if symptom is not None and cause else None
+            want = stamp.knobs if symptom is None else ((knob,) if knob else ())
+            assert finding.knobs == want, (rule.id, finding.id)
             assert finding.chart == (stamp.chart if ctx.ok else None), (rule.id, finding.id)
             window = finding.evidence.get("window")
             if stamp.window and ctx.history:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from diagnostics.core.diagnosis.access_log import AccessLog, parse_access_log
 from diagnostics.core.diagnosis.data_parallel import (
     LoadSkew,
     SilentRank,
@@ -115,6 +116,8 @@ class Context:
     gauges_blind: bool = False
     # GPU health readings over the window (NVML or a dcgm-exporter), oldest first; () when none were read.
     gpus: tuple[tuple[float, GpuReading], ...] = ()
+    # The log's access lines (answers by route and HTTP status), when a log with them was given.
+    access: AccessLog | None = None
 
     def skews_lasting(self, seconds: float) -> list[LoadSkew]:
         """The load skews that lasted at least ``seconds``."""
@@ -165,6 +168,7 @@ def prepare(
         outcomes=outcomes_of(ok, flags.max_model_len),
         gauges_blind=gauges_blind(intervals, thresholds),
         gpus=tuple(gpus),
+        access=parse_access_log(log_text) if log_text else None,
     )
 
 

@@ -139,6 +139,15 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         "seed: the few flags that matter",
     ),
     KnobRow(
+        "queue-token-budget",
+        "Requests queue while running stays below --max-num-seqs and the KV cache has room",
+        "The scheduler admits a waiting request only while the step's token budget lasts: when the engine's steps "
+        "reach --max-num-batched-tokens (iteration_tokens) with seats free, raise the budget, not the seats",
+        ("--max-num-batched-tokens",),
+        "max-num-batched-tokens ↑",
+        "vllm/v1/core/sched/scheduler.py (Scheduler.schedule: `while token_budget > 0`); optimization.md",
+    ),
+    KnobRow(
         "deferred",
         "Requests wait 'deferred' (LoRA slots, KV transfer) while the batch and KV cache have room",
         "--max-loras when the waiting adapters exceed it (each slot costs adapter memory); with disaggregated "
@@ -255,6 +264,15 @@ KNOB_TABLE: tuple[KnobRow, ...] = (
         ("--max-model-len",),
         "max-model-len ↑, or trim on the client",
         "vllm/renderers/params.py (\"This model's maximum context length is …\"); http_requests_total",
+    ),
+    KnobRow(
+        "rejected-model-name",
+        "Requests refused with HTTP 404: a model name the server does not serve",
+        "Serve the name the clients send as an alias (--served-model-name takes several names; /v1/models lists "
+        "them), or fix the clients' model field",
+        ("--served-model-name",),
+        "set (add the clients' name)",
+        "vllm/entrypoints/serve/engine/serving.py (VLLMNotFoundError → 404); the uvicorn access log",
     ),
     KnobRow(
         "gave-up",

@@ -119,10 +119,28 @@ def itl_profile(
     low, high, low_running = _p50_by_running([iv for iv in intervals if iv.end not in explained])
     if len(blocking) < t.hol_min_spikes or len(blocking) < t.hol_coincide_fraction * len(spikes):
         blocking = []
+    # vLLM 0.32 counts a prompt's tokens in the step that finishes its prefill, so a "large step" may be a
+    # long prompt already split into small chunks: where most steps around the spikes carried chunks
+    # alone, no step held a whole long prompt, and the spikes are not head-of-line blocking.
+    steps = merge_histograms([iv.steps for iv in blocking])
+    if steps is not None and steps.count > 0 and chunk_only_steps(steps) >= CHUNK_STEP_SHARE * steps.count:
+        blocking = []
     rises = low is not None and high is not None and high >= t.batch_p50_rise_factor * low
     long_prompts = count_above(prompt_len, t.hol_long_prompt_tokens) if prompt_len is not None else None
     return ItlProfile(intervals, baseline, usual, threshold, tuple(spikes), tuple(blocking), long_prompts, rises, low,
                       high, low_running)
+
+
+# A share of engine steps carrying only prompt chunks (observed as 0 tokens) at which prompts are being
+# split over several steps: the chunk budget is already small (the token budget holds admission).
+CHUNK_STEP_SHARE = 0.5
+
+
+def chunk_only_steps(steps: Histogram) -> float:
+    """Engine steps observed as 0 tokens (iteration_tokens' first bucket, ≤ 1): in vLLM 0.32
+    (``PrometheusStatLogger`` observes ``prompt_token_stats.computed + num_generation_tokens``, the prompt
+    counted when its prefill finishes) a step that carried only chunks of prompts not yet finished."""
+    return steps.cumulative[0] if steps.bounds and steps.bounds[0] <= 1 else 0.0
 
 
 def large_step(steps: Histogram | None, computed_prefill_tokens: float, t: Thresholds) -> bool:

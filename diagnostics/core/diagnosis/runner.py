@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from diagnostics.core.diagnosis.causes import cause_knobs
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.table import RULES, Rule
 from diagnostics.core.diagnosis.types import SEVERITY_ORDER, Finding, KnownFlags
@@ -36,7 +37,8 @@ _LEADING = frozenset(fid for rule in RULES if rule.leads for fid in rule.finding
 
 
 def run_rule(rule: Rule, ctx: Context) -> list[Finding]:
-    """One row's findings with what the row points to stamped on (:meth:`Rule.stamp`): its knobs,
+    """One row's findings with what the row points to stamped on (:meth:`Rule.stamp`): its knobs (or,
+    for a finding that names a cause of the cause table, that cause's knob row),
     its chart when there is a good scrape to draw it from, and the window judged (``window``
     evidence: first and last scrape) when the row's finding was judged on scrapes."""
     window = _window(ctx)
@@ -44,7 +46,10 @@ def run_rule(rule: Rule, ctx: Context) -> list[Finding]:
     for finding in rule.run(ctx):
         stamp = rule.stamp(finding.id)
         evidence = {**finding.evidence, "window": window} if stamp.window and window else finding.evidence
-        out.append(replace(finding, knobs=stamp.knobs, chart=stamp.chart if ctx.ok else None, evidence=evidence))
+        # A finding that checked its symptom's causes rests on the named cause's knob row, not the row's.
+        knobs = cause_knobs(finding.evidence)
+        out.append(replace(finding, knobs=stamp.knobs if knobs is None else knobs,
+                           chart=stamp.chart if ctx.ok else None, evidence=evidence))
     return out
 
 

@@ -144,8 +144,12 @@ RULES: tuple[Rule, ...] = (
          chart="request_generation_tokens", alert=None, scenario=None),
     Rule("kv_pressure", memory.kv_pressure, ("kv_pressure",), ("preemption",), chart="kv_cache_usage_perc",
          alert="VLLMKVCachePressure", scenario="kv_pressure", absent="kv_pressure", while_tokens_stopped=False),
+    # Requests waiting with the KV cache free: at the seat cap, at the token budget, or for a cause not
+    # identified (its knobs follow the cause named: causes.cause_knobs).
     Rule("queue_at_cap", queueing.queue_at_cap, ("queue_at_cap",), ("queue-at-cap",), chart="num_requests_waiting",
-         alert="VLLMQueueAtConcurrencyCap", scenario="queue_at_cap", absent="queueing", while_tokens_stopped=False),
+         alert="VLLMQueueAtConcurrencyCap", scenario="queue_at_cap", absent="queueing", while_tokens_stopped=False,
+         overrides={"queue_token_budget": Stamp(("queue-token-budget",), "iteration_tokens"),
+                    "requests_waiting": Stamp((), "num_requests_waiting")}),
     Rule("waiting_deferred", queueing.waiting_deferred, ("waiting_deferred",), ("deferred",),
          chart="num_requests_waiting", alert="VLLMRequestsDeferred", scenario="lora_deferred",
          while_tokens_stopped=False),
@@ -174,6 +178,10 @@ RULES: tuple[Rule, ...] = (
          scenario="parallel_no_prefix"),
     Rule("sharing_not_happening", memory.sharing_not_happening, ("sharing_not_happening",), ("sharing-wasted",),
          chart="prefix_cache_hit_rate", alert=None, scenario=None),
+    # A change at the same load whose cause no other rule reports (the prefix cache stopped hitting): a root
+    # cause the queue and head-of-line findings that follow it are symptoms of, so it leads.
+    Rule("latency_changed", changes.latency_changed, ("latency_changed",), (), chart="prefix_cache_hit_rate",
+         alert=None, scenario=None, while_tokens_stopped=False, leads=True),
     Rule("unexplained_change", changes.unexplained_change, ("unexplained_change",), (),
          chart="inter_token_latency_seconds", alert=None, scenario=None, while_tokens_stopped=False,
          only_when_quiet=True),

@@ -14,7 +14,13 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from diagnostics.core.metrics.parse import HTTP_REQUESTS, PROCESS_START, Sample, parse_vllm_samples
+from diagnostics.core.metrics.parse import (
+    HTTP_REQUEST_SIZE_SUM,
+    HTTP_REQUESTS,
+    PROCESS_START,
+    Sample,
+    parse_vllm_samples,
+)
 
 EngineKey = tuple[str, str]
 """``(model_name, engine)`` as labelled; ``""`` where the version has no such label."""
@@ -59,6 +65,7 @@ LABELLED_GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
 GENERATION_HANDLERS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
                                  "/inference/v1/generate"})
 GENERATION_REQUESTS = "http_generation_requests"  # the summed series' name (not one vLLM exposes)
+GENERATION_REQUEST_BYTES = "http_generation_request_bytes"  # likewise, for http_request_size_bytes_sum
 HTTP_STATUS_CLASSES = ("2xx", "4xx", "5xx")
 
 LABELLED_COUNTERS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -72,6 +79,9 @@ LABELLED_COUNTERS: dict[str, tuple[tuple[str, ...], str]] = {
     # The API server's http_requests_total on the generation handlers (GENERATION_HANDLERS), summed by
     # status class: "2xx", "4xx" and "5xx" are always there once the server exports the counter.
     "http_requests": ((GENERATION_REQUESTS,), "status"),
+    # The bytes the generation handlers received, every request (refused ones too), by handler: the
+    # instrumentator's http_request_size_bytes summary (its _sum) on GENERATION_HANDLERS.
+    "http_request_bytes": ((GENERATION_REQUEST_BYTES,), "handler"),
 }
 
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
@@ -396,7 +406,13 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> Snapshot:
     process_start: float | None = None
     http: list[Sample] = []
     exports_http = False
+    request_bytes: list[Sample] = []
     for sample in samples:
+        if sample.name == HTTP_REQUEST_SIZE_SUM:
+            if sample.labels.get("handler") in GENERATION_HANDLERS:
+                request_bytes.append(Sample(GENERATION_REQUEST_BYTES + "_total",
+                                            {"handler": sample.labels["handler"]}, sample.value))
+            continue
         if sample.name == PROCESS_START:
             process_start = sample.value
             continue
@@ -407,6 +423,8 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> Snapshot:
         names.setdefault(sample.name, []).append(sample)
     if exports_http:
         names[GENERATION_REQUESTS + "_total"] = _generation_requests(http)
+    if request_bytes:
+        names[GENERATION_REQUEST_BYTES + "_total"] = request_bytes
 
     # The shape of this scrape (what sits where) and its numbers, in one pass.
     shape: list[tuple[object, ...]] = []

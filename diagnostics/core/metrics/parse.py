@@ -20,6 +20,8 @@ PROCESS_START = "process_start_time_seconds"
 # prometheus-fastapi-instrumentator's counter in vLLM's API server: requests by handler, method and
 # status class ("2xx", "4xx", "5xx"); the outcomes of requests the engine never saw are only here.
 HTTP_REQUESTS = "http_requests_total"
+# Its request-size summary: the bytes each handler received (refused requests too), ``_sum`` read.
+HTTP_REQUEST_SIZE_SUM = "http_request_size_bytes_sum"
 
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -85,8 +87,8 @@ def parse_line(line: str, line_no: int = 0) -> Sample:
 
 
 def parse_vllm_samples(text: str) -> list[Sample]:
-    """Every ``vllm:`` sample (``*_created`` skipped), ``process_start_time_seconds`` and
-    ``http_requests_total``.
+    """Every ``vllm:`` sample (``*_created`` skipped), ``process_start_time_seconds``,
+    ``http_requests_total`` and ``http_request_size_bytes_sum``.
 
     Values are floats as exposed, NaN and ±Inf included. A malformed line among those read raises
     :class:`BadMetricsPayload` naming its line number; other families are not inspected.
@@ -105,6 +107,10 @@ def parse_vllm_samples(text: str) -> list[Sample]:
         elif line.startswith(HTTP_REQUESTS):
             sample = parse_line(line.rstrip("\r"), line_no)
             if sample.name == HTTP_REQUESTS:
+                samples.append(sample)
+        elif line.startswith(HTTP_REQUEST_SIZE_SUM):
+            sample = parse_line(line.rstrip("\r"), line_no)
+            if sample.name == HTTP_REQUEST_SIZE_SUM:
                 samples.append(sample)
     return samples
 

@@ -28,6 +28,7 @@ import numpy as np
 from diagnostics.core.metrics.catalog import (
     CACHE_CONFIG,
     COUNTERS,
+    GENERATION_REQUEST_BYTES,
     GENERATION_REQUESTS,
     LABELLED_COUNTERS,
     LABELLED_GAUGES,
@@ -43,7 +44,7 @@ from diagnostics.core.metrics.catalog import (
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.failure import ErrorKind
 from diagnostics.core.metrics.gpu import GpuDevice, GpuReading
-from diagnostics.core.metrics.parse import HTTP_REQUESTS, PROCESS_START
+from diagnostics.core.metrics.parse import HTTP_REQUEST_SIZE_SUM, HTTP_REQUESTS, PROCESS_START
 
 FORMAT = 1
 _LITTLE = sys.byteorder == "little"
@@ -309,7 +310,8 @@ def _line(name: str, labels: str, value: float) -> str:
 def exposition(snapshot: Snapshot) -> str:
     """A snapshot as Prometheus text that :func:`~diagnostics.core.metrics.catalog.parse_snapshot`
     reads back to the same layout and numbers (the ``vllm:`` families the dashboard reads, the
-    process start time and the generation handlers' ``http_requests_total``)."""
+    process start time and the generation handlers' ``http_requests_total`` and
+    ``http_request_size_bytes_sum``)."""
     layout, v = snapshot.layout, snapshot.values
     lines: list[tuple[int, str]] = []
     for concept, offsets in layout.scalars.items():
@@ -319,7 +321,8 @@ def exposition(snapshot: Snapshot) -> str:
         spelling = layout.spellings[concept]
         if concept in LABELLED_COUNTERS:
             label = LABELLED_COUNTERS[concept][1]
-            name = HTTP_REQUESTS if spelling == GENERATION_REQUESTS else spelling + "_total"
+            name = {GENERATION_REQUESTS: HTTP_REQUESTS, GENERATION_REQUEST_BYTES: HTTP_REQUEST_SIZE_SUM}.get(
+                spelling, spelling + "_total")
         else:
             label, name = LABELLED_GAUGES[concept][1], spelling
         for value, offsets in per_label.items():

@@ -4,8 +4,10 @@ gaps), or tokens per second per running request down, by more than ``Thresholds.
 rule found anything. Said instead of silence: a slower GPU (clocks, throttling), a co-tenant on the
 device or the host, or a deploy changes these numbers and no vLLM flag does.
 
-The rule runs only when every other rule came back with nothing above info (its table row is
-``only_when_quiet``): a finding that names a cause explains the change better than this one can.
+``unexplained_change`` runs only when every other rule came back with nothing above info (its table
+row is ``only_when_quiet``): a finding that names a cause explains the change better than this one
+can. ``latency_changed`` is the change whose cause is in the window and no other rule reports it: the
+prefix cache that stopped serving the prompts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from diagnostics.core.diagnosis.causes import Differential, Ruling, differential
 from diagnostics.core.diagnosis.context import Context, Interval
 from diagnostics.core.diagnosis.types import Finding
 from diagnostics.core.metrics.catalog import Histogram
@@ -176,43 +179,168 @@ def _load_rose(before: dict[str, float | None], after: dict[str, float | None], 
     return None
 
 
-def unexplained_change(ctx: Context) -> list[Finding]:
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """What moved between the parts, at about the same load."""
+
+    parts: Parts
+    changes: tuple[Change, ...]
+    before_load: dict[str, float | None]
+    after_load: dict[str, float | None]
+
+    @property
+    def since(self) -> float:
+        return min(c.since for c in self.changes)
+
+    def evidence(self, ctx: Context) -> dict[str, Any]:
+        p = self.parts
+        out: dict[str, Any] = {"change_factor_threshold": ctx.thresholds.change_factor,
+                               "before_range": list(p.early_range), "after_range": list(p.late_range),
+                               "changed_since": self.since}
+        for c in self.changes:
+            out |= {f"{c.measure}_before": c.before, f"{c.measure}_after": c.after,
+                    f"{c.measure}_factor": round(c.factor, 2)}
+        out |= {f"{k}_before": _round(v) for k, v in self.before_load.items()}
+        out |= {f"{k}_after": _round(v) for k, v in self.after_load.items()}
+        return out
+
+    def said(self) -> str:
+        said = "; ".join(c.describe() for c in self.changes)
+        return said[0].upper() + said[1:]
+
+
+def moved(ctx: Context) -> Moved | None:
     """TTFT or ITL p95 up (or ITL p99), or tokens/s per running request down, by ``change_factor`` or
-    more against the early part (:func:`parts`) at about the same load, with no other rule to explain it."""
+    more against the early part (:func:`parts`), with the load within ``change_load_factor``."""
     t = ctx.thresholds
     p = parts(ctx)
     if p is None or ctx.stalls:
-        return []
+        return None
     before_load, after_load = load(p.early), load(p.late)
     if _load_rose(before_load, after_load, t.change_load_factor) is not None:
-        return []
+        return None
     itl = _rise(ctx, p, "itl_p95", 0.95, lambda iv: iv.itl, t.change_min_itl_observations)
     # A device or host that stalls the engine now and then moves the tail first: p99, on enough gaps
     # that it rests on several of them.
     tail = None if itl else _rise(ctx, p, "itl_p99", 0.99, lambda iv: iv.itl, t.change_min_itl_tail_observations)
-    changes = [c for c in (
+    changes = tuple(c for c in (
         itl, tail,
         _rise(ctx, p, "ttft_p95", 0.95, lambda iv: iv.ttft, t.change_min_requests),
         _rate_fall(ctx, p),
-    ) if c is not None]
-    if not changes:
+    ) if c is not None)
+    return Moved(p, changes, before_load, after_load) if changes else None
+
+
+def _hit_rate(ivs: Sequence[Interval]) -> float | None:
+    queries = sum(iv.prefix_cache_queries or 0.0 for iv in ivs)
+    return sum(iv.prefix_cache_hits or 0.0 for iv in ivs) / queries if queries > 0 else None
+
+
+def _computed_per_request(ivs: Sequence[Interval]) -> float | None:
+    """Prompt tokens computed (not served from the prefix cache) per request started."""
+    started = sum(iv.ttft.count for iv in ivs if iv.ttft is not None)
+    prompt = sum(iv.prompt_tokens or 0.0 for iv in ivs)
+    hits = sum(iv.prefix_cache_hits or 0.0 for iv in ivs)
+    return (prompt - hits) / started if started > 0 else None
+
+
+def _mean_queue(ivs: Sequence[Interval]) -> float | None:
+    hist = merge_histograms([iv.queue_time for iv in ivs])
+    return hist.sum / hist.count if hist is not None and hist.count > 0 and math.isfinite(hist.sum) else None
+
+
+# A hit rate falling to this share of the early part's (or less), with the prompt tokens computed per
+# request up by this factor, is the cache that stopped serving the prompts.
+HIT_RATE_FALL_SHARE = 0.5
+COMPUTED_RISE_FACTOR = 1.5
+QUEUE_MIN_SECONDS = 0.1
+
+
+def change_differential(ctx: Context, m: Moved) -> Differential:
+    """Why the numbers moved at the same load: each cause of the ``latency_change`` symptom checked."""
+    t, p = ctx.thresholds, m.parts
+    shown = ", ".join(f"{k.replace('_', ' ')} {_fmt(m.before_load[k])} → {_fmt(m.after_load[k])}"
+                      for k in m.before_load if m.before_load[k] is not None and m.after_load.get(k) is not None)
+    rulings = [Ruling("more_load", "ruled_out", f"the load stayed within {t.change_load_factor:g}×: {shown}")]
+    hit_before, hit_after = _hit_rate(p.early), _hit_rate(p.late)
+    computed_before, computed_after = _computed_per_request(p.early), _computed_per_request(p.late)
+    if hit_before is None or hit_after is None or computed_before is None or computed_after is None:
+        rulings.append(Ruling("prefix_cache_misses", "unknown", "no prefix-cache queries or requests counted in a part"))
+    elif (hit_before > 0 and hit_after <= HIT_RATE_FALL_SHARE * hit_before
+          and computed_after >= COMPUTED_RISE_FACTOR * max(computed_before, 1.0)):
+        rulings.append(Ruling("prefix_cache_misses", "fits",
+                              f"the prefix-cache hit rate fell from {hit_before * 100:.0f} % to {hit_after * 100:.0f} %, "
+                              f"so each request's prompt needed {computed_before:,.0f} → {computed_after:,.0f} tokens "
+                              "computed at the same prompt length"))
+    else:
+        rulings.append(Ruling("prefix_cache_misses", "ruled_out",
+                              f"the prefix-cache hit rate went {hit_before * 100:.0f} % → {hit_after * 100:.0f} % "
+                              f"(prompt tokens computed per request {computed_before:,.0f} → {computed_after:,.0f})"))
+    pre_before = sum(iv.num_preemptions or 0.0 for iv in p.early)
+    pre_after = sum(iv.num_preemptions or 0.0 for iv in p.late)
+    if pre_after > 0 and pre_after >= 2 * pre_before:
+        rulings.append(Ruling("preemption", "fits", f"{pre_after:.0f} preemptions in the late part, {pre_before:.0f} "
+                                                    "before"))
+    else:
+        rulings.append(Ruling("preemption", "ruled_out", f"{pre_after:.0f} preemptions in the late part "
+                                                         f"({pre_before:.0f} before)"))
+    q_before, q_after = _mean_queue(p.early), _mean_queue(p.late)
+    if q_after is None:
+        rulings.append(Ruling("queueing", "unknown", "no queue time counted in the late part"))
+    elif q_after >= QUEUE_MIN_SECONDS and q_after >= 2 * (q_before or 0.0):
+        rulings.append(Ruling("queueing", "fits", f"requests queued {fmt_seconds_as_ms(q_after)} on average in the "
+                                                  f"late part against {fmt_seconds_as_ms(q_before or 0.0)} before"))
+    else:
+        rulings.append(Ruling("queueing", "ruled_out", f"mean queue time {fmt_seconds_as_ms(q_before or 0.0)} → "
+                                                       f"{fmt_seconds_as_ms(q_after)}"))
+    return differential("latency_change", rulings)
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def latency_changed(ctx: Context) -> list[Finding]:
+    """The numbers moved at the same load, and the cause that no other rule reports is in the window:
+    the prefix cache stopped serving the prompts (its hit rate fell, the prompt tokens computed per
+    request rose). Preemption and queueing have rules of their own: where one of those is the cause,
+    this rule says nothing and theirs speak."""
+    m = moved(ctx)
+    if m is None:
         return []
-    since = min(c.since for c in changes)
-    evidence: dict[str, Any] = {"change_factor_threshold": t.change_factor,
-                                "before_range": list(p.early_range), "after_range": list(p.late_range),
-                                "changed_since": since}
-    for c in changes:
-        evidence |= {f"{c.measure}_before": c.before, f"{c.measure}_after": c.after,
-                     f"{c.measure}_factor": round(c.factor, 2)}
-    evidence |= {f"{k}_before": _round(v) for k, v in before_load.items()}
-    evidence |= {f"{k}_after": _round(v) for k, v in after_load.items()}
-    said = "; ".join(c.describe() for c in changes)
+    diff = change_differential(ctx, m)
+    if diff.named is None or diff.named.id != "prefix_cache_misses":
+        return []
+    return [Finding(
+        id="latency_changed",
+        severity="warning",
+        title=f"{m.said()} at the same load: prefix-cache misses — {diff.because()}",
+        evidence={**m.evidence(ctx), **diff.evidence()},
+        checks=(
+            "The clients' prompts stopped sharing a prefix (a system prompt that changed per request, a template "
+            "with a timestamp or a user id before the shared part): put the shared text first and keep it "
+            "byte-identical. No vLLM flag brings the hits back.",
+            "Prefix caching keeps full blocks only: a shared prefix shorter than one block (--block-size) is "
+            "never a hit.",
+            *diff.checks(),
+        ),
+        time_range=(m.since, m.parts.late[-1].end),
+    )]
+
+
+def unexplained_change(ctx: Context) -> list[Finding]:
+    """TTFT or ITL p95 up (or ITL p99), or tokens/s per running request down, by ``change_factor`` or
+    more against the early part (:func:`parts`) at about the same load, with no other rule to explain
+    it: the causes checked are listed as ruled out, with their numbers."""
+    m = moved(ctx)
+    if m is None:
+        return []
+    diff = change_differential(ctx, m)
     return [Finding(
         id="unexplained_change",
         severity="warning",
-        title=said[0].upper() + said[1:] + " against the window's early part, at the same load, and no rule "
-        "explains it",
-        evidence=evidence,
+        title=m.said() + " against the window's early part, at the same load, and no rule explains it",
+        evidence={**m.evidence(ctx), **diff.evidence()},
         checks=(
             "The GPU: clocks and throttle reasons (nvidia-smi -q -d PERFORMANCE,CLOCK; DCGM_FI_DEV_SM_CLOCK, "
             "DCGM_FI_DEV_CLOCKS_EVENT_REASONS), temperature and power against their limits. No vLLM flag fixes "
@@ -224,8 +352,9 @@ def unexplained_change(ctx: Context) -> list[Finding]:
             "Not a capacity problem by the numbers here: the load (prompt tokens/s, requests started/s, "
             "prompt length, running) stayed within the factor, so more --max-num-seqs or KV cache is not the "
             "answer.",
+            *diff.checks(),
         ),
-        time_range=(since, p.late[-1].end),
+        time_range=(m.since, m.parts.late[-1].end),
     )]
 
 

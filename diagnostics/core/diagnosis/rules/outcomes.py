@@ -14,6 +14,7 @@ from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.outcomes import Outcomes, outcomes
 from diagnostics.core.diagnosis.rules.common import max_gauge, quantile_evidence
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
+from diagnostics.core.diagnosis.rules.signatures import rejected_differential
 from diagnostics.core.diagnosis.types import Finding, Suggestion
 from diagnostics.core.metrics.derive import histogram_delta, quantile_estimate
 from diagnostics.core.metrics.failure import ErrorKind
@@ -88,29 +89,56 @@ def _longer_context(ctx: Context, what: str) -> tuple[tuple[Suggestion, ...], st
 
 
 def requests_rejected(ctx: Context) -> list[Finding]:
-    """Requests the API server refused with HTTP 4xx before the engine saw them: in vLLM 0.32 most
-    often a prompt longer than --max-model-len ("This model's maximum context length is N tokens")."""
+    """Requests the API server refused with HTTP 4xx before the engine saw them. The metrics group every
+    4xx together, so the cause is checked, not assumed (:func:`~.signatures.rejected_differential`): the
+    context limit from the refused requests' sizes, an unserved model name, a missing key or a bad
+    parameter from the log's access lines. The flag change follows the cause that fits; with none,
+    the finding says so and gives no flag."""
     t, o = ctx.thresholds, outcomes(ctx)
     rejected, total = o.rejected or 0.0, o.requests
     share = o.rejected_share.perc or 0.0
     if rejected < t.outcome_min_requests or share < t.rejected_min_share:
         return []
     m = ctx.flags.max_model_len
-    suggestions, trim = _longer_context(ctx, "Prompts longer than the context limit are refused whole")
-    limit = f" (--max-model-len {m:,})" if m else ""
+    diff = rejected_differential(ctx)
+    named = diff.named
+    head = f"{rejected:,.0f} of {total:,.0f} requests refused with HTTP 4xx ({share * 100:.0f} %) in {fmt_duration(o.seconds)}"
+    suggestions: tuple[Suggestion, ...] = ()
+    checks: list[str] = []
+    if named is None:
+        title = f"{head}: cause not identified"
+        checks.append("Read the server's log (its access lines give each answer's status: 404 a model name it does "
+                      "not serve, 401 a missing API key, 400 a prompt over the context or a bad parameter) or a "
+                      "client's response body.")
+    elif named.id == "context_limit":
+        suggestions, trim = _longer_context(ctx, "Prompts longer than the context limit are refused whole")
+        title = f"{head}: prompts beyond the context limit" + (f" (--max-model-len {m:,})" if m else "")
+        checks.append(trim)
+    elif named.id == "model_not_served":
+        served = ctx.flags.model
+        suggestions = (Suggestion("--served-model-name", "set", None,
+                                  f"{diff.because()}: clients name a model the server does not serve"
+                                  + (f" (it serves {served!r})" if served else "")
+                                  + ". Add the name they send as an alias (--served-model-name takes several; the "
+                                    "404 body names it), or fix the clients' model field."),)
+        title = f"{head}: a model name the server does not serve (404)"
+    elif named.id == "auth":
+        title = f"{head}: a missing or wrong API key (401)"
+        checks.append("Give the clients the key the server was started with (--api-key); no flag change is needed.")
+    else:
+        title = f"{head}: a parameter vLLM refuses (400)"
+        checks.append("A client sends a parameter vLLM's validation refuses: the 400 body says which; no flag change "
+                      "helps.")
+    if named is not None:
+        checks.insert(0, f"Why {named.name}: {diff.because()}.")
     return [Finding(
         id="requests_rejected",
         severity="warning",
-        title=f"{rejected:,.0f} of {total:,.0f} requests refused with HTTP 4xx ({share * 100:.0f} %) in "
-              f"{fmt_duration(o.seconds)}: most often prompts beyond the context limit{limit}",
-        evidence={"rejected": rejected, "rejected_share_perc": share, "max_model_len": m, **_counts(o)},
+        title=title,
+        evidence={"rejected": rejected, "rejected_share_perc": share, "max_model_len": m, **diff.evidence(),
+                  **_counts(o)},
         suggestions=suggestions,
-        checks=(
-            trim,
-            "A 4xx is the client's request refused: confirm it in the server log or a client's response body "
-            "(\"This model's maximum context length is … tokens\"); a wrong model name (404), a missing API key "
-            "(401) or a bad parameter (400) reads the same here.",
-        ),
+        checks=(*checks, *diff.checks()),
         time_range=(o.start, o.end),
     )]
 

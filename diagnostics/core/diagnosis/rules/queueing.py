@@ -10,12 +10,14 @@ from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.data_parallel import engines_of
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
+from diagnostics.core.diagnosis.rules.signatures import Waiting, seat_caps, waiting_differential, waiting_units
 from diagnostics.core.diagnosis.types import Finding, Suggestion
 from diagnostics.core.metrics.catalog import EngineKey, Snapshot
 from diagnostics.core.metrics.derive import (
     count_above,
     counter_steps,
     histogram_delta,
+    histogram_quantile,
     labelled_increase,
     labels_total,
     merge_histograms,
@@ -24,65 +26,126 @@ from diagnostics.core.text import fmt_duration, fmt_seconds_as_ms
 
 
 def queue_at_cap(ctx: Context) -> list[Finding]:
-    """Waiting requests while running sits at its cap and the KV cache has room: raise --max-num-seqs.
+    """Requests waiting while the KV cache has room: why is checked, not assumed
+    (:func:`~.signatures.waiting_differential`). Running at its seat cap: raise --max-num-seqs
+    (``queue_at_cap``); the engine's steps at the token budget with seats free: raise
+    --max-num-batched-tokens (``queue_token_budget``); neither: ``requests_waiting``, cause not
+    identified, no flag.
 
     Scrapes inside a stall, or inside a long prefill step (head-of-line blocking), are left out:
-    while no token moves, or one long step holds the engine, the cap is not what queues."""
+    while no token moves, or one long step holds the engine, admission is not what queues."""
     t, ok = ctx.thresholds, ctx.ok
     if not exposes(ctx, "num_requests_waiting"):
         return [absent("vllm:num_requests_waiting", "queueing", "Queueing cannot be seen.")]
-    # --max-num-seqs holds per engine: with data parallelism each engine is judged at its own cap.
-    engines = engines_of(ok)
-    units: list[EngineKey | None] = list(engines) if len(engines) > 1 else [None]
-    caps = {u: ctx.flags.max_num_seqs or max((snap.value("num_requests_running", u) or 0) for _, snap in ok)
-            for u in units}
+    units = list(waiting_units(ctx))
+    caps = seat_caps(ctx, units)
     cap = max(caps.values())
     if cap <= 0:
         return queue_from_histograms(ctx, None)
-    points = []
     # Scrapes where another engine had room for as long as a queue takes to count here: routing,
     # which engine_imbalance judges (room that flickers is no way around the cap).
     skews = [(skew.since, skew.until) for skew in ctx.skews_lasting(t.queue_min_seconds) if skew.kind == "waiting"]
+    points = []
     for scrape, snap in ok:
-        if any(a <= scrape.ts <= b for a, b in skews):
-            points.append((scrape.ts, False))  # another engine had room: routing (engine_imbalance), not the cap
-            continue
+        routed = any(a <= scrape.ts <= b for a, b in skews)
         stalled = any(s.start <= scrape.ts <= s.end for s in ctx.stalls) or ctx.itl.blocked(scrape.ts)
-        points.append((scrape.ts, not stalled and any(_queued_at_cap(snap, u, caps[u], t.kv_low_perc) for u in units)))
+        points.append((scrape.ts, not routed and not stalled and any(_queued_with_room(snap, u, t.kv_low_perc)
+                                                                     for u in units)))
     found = [e for e in episodes(points, t.queue_merge_seconds) if e[1] - e[0] >= t.queue_min_seconds]
     if not found:
         return queue_from_histograms(ctx, cap)
-    in_ep = [(s, snap) for s, snap in ok if any(a <= s.ts <= b for a, b in found)]
+    in_ep = tuple((s, snap) for s, snap in ok if any(a <= s.ts <= b for a, b in found)
+                  and any(_queued_with_room(snap, u, t.kv_low_perc) for u in units))
+    diff = waiting_differential(ctx, Waiting(in_ep, tuple(units)))
+    named = diff.named.id if diff.named else None
+    if named in ("stalled", "asleep", "deferred", "kv_full"):
+        return []  # the stall, sleep, deferral and KV-pressure rules say these, with their own advice
     peak_waiting = max((snap.value("num_requests_waiting", u) or 0) for _, snap in in_ep for u in units)
     max_usage = max((snap.value("kv_cache_usage_perc") or 0) for _, snap in in_ep)
     seconds = sum(b - a for a, b in found)
-    target = int(cap + peak_waiting)
     where = f" per engine ({len(units)} engines)" if len(units) > 1 else ""
     one = " on one engine" if len(units) > 1 else ""
-    return [
-        Finding(
+    evidence = {"evidence_basis": "gauges", "num_engines": len(units), "num_requests_running_cap": cap,
+                "cap_known_from_flags": ctx.flags.max_num_seqs is not None,
+                "max_num_requests_waiting": peak_waiting, "max_kv_cache_usage_perc": max_usage,
+                "seconds_queued": round(seconds, 3), **diff.evidence()}
+    span = (found[0][0], found[-1][1])
+    if named == "seat_cap":
+        target = int(cap + peak_waiting)
+        return [Finding(
             id="queue_at_cap",
             severity="warning",
             title=f"Queueing at the concurrency cap: {cap:.0f} running{where}, up to {peak_waiting:.0f} "
             f"waiting{one}, KV usage ≤ {max_usage * 100:.0f} %",
-            evidence={"evidence_basis": "gauges", "num_engines": len(units),
-                      "num_requests_running_cap": cap, "cap_known_from_flags": ctx.flags.max_num_seqs is not None,
-                      "max_num_requests_waiting": peak_waiting, "max_kv_cache_usage_perc": max_usage,
-                      "seconds_queued_at_cap": round(seconds, 3)},
+            evidence={**evidence, "seconds_queued_at_cap": round(seconds, 3)},
             suggestions=(
                 Suggestion("--max-num-seqs", "increase", target,
-                           f"Running sat at {cap:.0f}{where} for {fmt_duration(seconds)} with up to "
-                           f"{peak_waiting:.0f} waiting{one} while the KV cache stayed ≤ {max_usage * 100:.0f} % full: the cap, not memory, "
-                           "is what queues."),
+                           f"{diff.because().capitalize()}, up to {peak_waiting:.0f} waiting{one} for "
+                           f"{fmt_duration(seconds)} while the KV cache stayed ≤ {max_usage * 100:.0f} % full: the "
+                           "cap, not memory, is what queues."),
             ),
             checks=(
                 "Confirm KV usage stays below ~90 % after raising the cap; if it fills, this turns into preemption.",
                 "A larger batch raises ITL: keep the new cap within your ITL budget (the defended batch size).",
-                "If waiting is 'deferred' rather than 'capacity', the cause is LoRA or KV-transfer limits instead.",
+                *diff.checks(),
             ),
-            time_range=(found[0][0], found[-1][1]),
-        )
-    ]
+            time_range=span,
+        )]
+    if named == "token_budget":
+        value = token_budget_target(ctx)
+        budget = ctx.flags.max_num_batched_tokens
+        return [Finding(
+            id="queue_token_budget",
+            severity="warning",
+            title=f"Queueing at the token budget: up to {peak_waiting:.0f} waiting{one} with seats free "
+            f"(--max-num-batched-tokens {budget:,} reached every step)" if budget else
+            f"Queueing at the token budget: up to {peak_waiting:.0f} waiting{one} with seats free, every engine step "
+            "full",
+            evidence={**evidence, "max_num_batched_tokens": budget},
+            suggestions=(
+                Suggestion("--max-num-batched-tokens", "increase", value,
+                           f"{diff.because().capitalize()}: vLLM admits a waiting request only while a step's token "
+                           f"budget lasts, so long prompts take it in chunks and the rest wait with seats free"
+                           + (f"; {value:,} tokens holds a whole prompt of the window's p95 and the running "
+                              "decodes in one step" if value else "") + "."),
+            ),
+            checks=(
+                "A larger budget makes each prefill step longer: check ITL (head-of-line blocking) after the change.",
+                "Not the batch size: raising --max-num-seqs adds seats nobody reaches.",
+                *diff.checks(),
+            ),
+            time_range=span,
+        )]
+    return [Finding(
+        id="requests_waiting",
+        severity="warning",
+        title=f"Requests waiting: cause not identified — up to {peak_waiting:.0f} waiting{one} for "
+        f"{fmt_duration(seconds)}, KV usage ≤ {max_usage * 100:.0f} %",
+        evidence=evidence,
+        checks=("No flag is suggested: neither the seat cap nor the token budget nor the KV cache held admission "
+                "by the numbers below. Read the server log for what the scheduler waited on.", *diff.checks()),
+        time_range=span,
+    )]
+
+
+def token_budget_target(ctx: Context) -> int | None:
+    """A --max-num-batched-tokens that holds a prompt of the window's p95 plus the running decodes in one
+    step: a power of two, at least twice the current budget (known or inferred)."""
+    prompts = histogram_delta([s for s, _ in ctx.ok], "request_prompt_tokens")
+    p95 = histogram_quantile(0.95, prompts) if prompts is not None and prompts.count > 0 else None
+    current = ctx.flags.max_num_batched_tokens
+    if p95 is None and not current:
+        return None
+    need = (p95 or 0.0) + max_gauge(ctx, "num_requests_running")
+    return max(2 * (current or 0), 2 ** math.ceil(math.log2(max(need, 2.0))))
+
+
+def _queued_with_room(snap: Snapshot, unit: EngineKey | None, kv_low: float) -> bool:
+    """Requests waiting for capacity while the KV cache has room, on one engine (or the whole server)."""
+    by_reason = snap.by_label("num_requests_waiting_by_reason", unit) or {}
+    waiting = by_reason.get("capacity", snap.value("num_requests_waiting", unit) or 0)
+    usage = snap.value("kv_cache_usage_perc", unit)
+    return waiting > 0 and (usage is None or usage < kv_low)
 
 
 def _queued_at_cap(snap: Snapshot, unit: EngineKey | None, cap: float, kv_low: float) -> bool:

@@ -1,0 +1,315 @@
+"""The signatures of :mod:`~diagnostics.core.diagnosis.causes`, checked in a window: one function per
+symptom, returning a :class:`~diagnostics.core.diagnosis.causes.Ruling` for each of its causes with
+the number that decided it. The rules call these and follow the cause named; nothing here advises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from diagnostics.core.diagnosis.causes import Differential, Ruling, differential
+from diagnostics.core.diagnosis.context import Context
+from diagnostics.core.diagnosis.data_parallel import engines_of
+from diagnostics.core.diagnosis.latency import CHUNK_STEP_SHARE, chunk_only_steps
+from diagnostics.core.diagnosis.rules.common import exposes
+from diagnostics.core.metrics.catalog import EngineKey, Histogram, Snapshot
+from diagnostics.core.metrics.derive import Scrape, counter_step, histogram_delta, merge_histograms, restarted
+
+# A seat cap binds when running sits at it in at least this share of the scrapes with requests
+# waiting (the scheduler fills every seat while anything waits: only a request finishing between the
+# step and the scrape leaves one free).
+SEAT_HELD_SHARE = 0.5
+# With the cap not known, it is inferred only from a running count held this often (a seat cap binds
+# at nearly every scrape: 0.86-1.0 in the recorded queues at the cap, 0.50-0.53 where the token budget held).
+SEAT_INFERRED_SHARE = 0.8
+# A token budget binds when CHUNK_STEP_SHARE of the engine steps taken while requests waited carried
+# only prompt chunks (vLLM 0.32: observed as 0 tokens), or, where a version observes each step's scheduled tokens, when they average this share of it.
+BUDGET_FULL_SHARE = 0.75
+# Served prompts this far under --max-model-len, and refused requests of fewer bytes than this share of
+# the limit in tokens (a token is at least one byte of the prompt's text), cannot be context refusals.
+CONTEXT_NEAR_SHARE = 0.5
+
+
+def fmt_tokens(n: float) -> str:
+    return f"{n:,.0f}"
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """The scrapes in which requests waited (the ones a waiting rule judges), per engine unit."""
+
+    scrapes: tuple[tuple[Scrape, Snapshot], ...]
+    units: tuple[EngineKey | None, ...]
+
+    def waiting(self, snap: Snapshot, unit: EngineKey | None) -> float:
+        by_reason = snap.by_label("num_requests_waiting_by_reason", unit) or {}
+        return by_reason.get("capacity", snap.value("num_requests_waiting", unit) or 0.0)
+
+
+def waiting_units(ctx: Context) -> tuple[EngineKey | None, ...]:
+    """--max-num-seqs holds per engine: with data parallelism each engine is judged at its own cap."""
+    engines = engines_of(ctx.ok)
+    return tuple(engines) if len(engines) > 1 else (None,)
+
+
+def _running_peak(ctx: Context, unit: EngineKey | None) -> float:
+    return max((snap.value("num_requests_running", unit) or 0.0) for _, snap in ctx.ok) if ctx.ok else 0.0
+
+
+def seat_caps(ctx: Context, units: Sequence[EngineKey | None]) -> dict[EngineKey | None, float]:
+    """Each unit's seat cap: the flag where known, else the window's highest running count (a
+    candidate that :func:`seat_cap_ruling` only accepts when running held at it while requests waited)."""
+    return {u: float(ctx.flags.max_num_seqs or _running_peak(ctx, u)) for u in units}
+
+
+def seat_cap_ruling(ctx: Context, w: Waiting) -> Ruling:
+    """``seat_cap``: running at --max-num-seqs in most scrapes with requests waiting. Known flag: below
+    it at every such scrape rules it out. Unknown: the cap is inferred from a running count that holds."""
+    t = ctx.thresholds
+    if not w.scrapes:
+        return Ruling("seat_cap", "unknown", "no scrape caught a request waiting")
+    caps = seat_caps(ctx, w.units)
+    n = len(w.scrapes)
+    at = sum(1 for _, snap in w.scrapes
+             if any(w.waiting(snap, u) > 0 and (snap.value("num_requests_running", u) or 0) >= caps[u] > 0
+                    for u in w.units))
+    peak = max((snap.value("num_requests_running", u) or 0.0) for _, snap in w.scrapes for u in w.units)
+    low = min((snap.value("num_requests_running", u) or 0.0) for _, snap in w.scrapes for u in w.units)
+    most = max(w.waiting(snap, u) for _, snap in w.scrapes for u in w.units)
+    known = ctx.flags.max_num_seqs
+    per = " per engine" if len(w.units) > 1 else ""
+    held = at >= t.hist_cap_min_scrapes and at >= (SEAT_HELD_SHARE if known else SEAT_INFERRED_SHARE) * n
+    if known:
+        if held:
+            return Ruling("seat_cap", "fits", f"running at the --max-num-seqs cap of {known}{per} in {at} of {n} "
+                                              "scrapes with requests waiting")
+        if peak < known:
+            return Ruling("seat_cap", "ruled_out", f"running peaked at {peak:.0f} of --max-num-seqs {known}{per} "
+                                                   f"while up to {most:.0f} waited")
+        return Ruling("seat_cap", "unknown", f"running reached the cap of {known} in only {at} of {n} scrapes with "
+                                             "requests waiting")
+    cap = max(caps.values())
+    if held:
+        return Ruling("seat_cap", "fits", f"running held at {cap:.0f}{per} in {at} of {n} scrapes with requests "
+                                          "waiting (the cap inferred from that count: --max-num-seqs is not known "
+                                          "here)")
+    if peak <= 0:
+        return Ruling("seat_cap", "ruled_out", f"nothing ran while up to {most:.0f} waited")
+    if n >= 3:
+        return Ruling("seat_cap", "ruled_out", f"running ranged {low:.0f}–{peak:.0f} while requests waited and held "
+                                               f"at no count (at {peak:.0f} in {at} of {n} scrapes): no seat cap was "
+                                               "reached")
+    return Ruling("seat_cap", "unknown", f"only {n} scrapes caught requests waiting")
+
+
+def _intervals_of(ctx: Context, w: Waiting) -> list[Histogram | None]:
+    """The engine-step histograms of the intervals that end at a scrape with requests waiting."""
+    ends = {s.ts for s, _ in w.scrapes}
+    return [iv.iteration_tokens for iv in ctx.intervals if iv.end in ends and not iv.restarted]
+
+
+def largest_step_bound(hist: Histogram) -> float | None:
+    """The upper bound of the highest populated iteration_tokens bucket (its lower bound when +Inf)."""
+    populated = [i for i, (c, prev) in enumerate(zip(hist.cumulative, (0.0, *hist.cumulative))) if c > prev]
+    if not populated:
+        return None
+    k = populated[-1]
+    return hist.bounds[k] if k < len(hist.bounds) - 1 else hist.bounds[max(0, k - 1)]
+
+
+def token_budget_ruling(ctx: Context, w: Waiting) -> Ruling:
+    """``token_budget``: prompts split over several engine steps while requests waited with seats free.
+    vLLM admits a waiting request only ``while token_budget > 0``, so when the running requests' prompt
+    chunks take the budget, the queue waits however many seats are free.
+
+    vLLM 0.32 observes ``iteration_tokens`` per step as the prompt tokens of the prefills that *finished*
+    in it plus the tokens generated, so a step that carried only chunks of unfinished prompts is
+    observed as 0 tokens: at least ``CHUNK_STEP_SHARE`` of the steps so fits (a prompt took several
+    steps; with the budget known, prompts longer than it confirm the split is the budget's). Every step
+    producing a token rules it out (prompts went in whole), and so do prompts within a known budget.
+    A version that observes each step's scheduled tokens shows steps at the budget: their mean at
+    ``BUDGET_FULL_SHARE`` of a known budget fits."""
+    steps = merge_histograms(_intervals_of(ctx, w))
+    if steps is None or steps.count <= 0:
+        return Ruling("token_budget", "unknown", "no iteration_tokens over the scrapes with requests waiting")
+    empty = chunk_only_steps(steps)
+    share = empty / steps.count
+    prompts = histogram_delta([s for s, _ in w.scrapes], "request_prompt_tokens")
+    prompt = prompts.sum / prompts.count if prompts is not None and prompts.count > 0 else None
+    budget = ctx.flags.max_num_batched_tokens
+    of = (f" of --max-num-batched-tokens {fmt_tokens(budget)}" if budget else
+          " (--max-num-batched-tokens is not known here)")
+    about = f" of about {fmt_tokens(prompt)} tokens" if prompt else ""
+    if budget and prompt is not None and prompt <= budget:
+        return Ruling("token_budget", "ruled_out", f"prompts averaged {fmt_tokens(prompt)} tokens, within the "
+                                                   f"{fmt_tokens(budget)}-token budget: none needed splitting")
+    if share >= CHUNK_STEP_SHARE:
+        per = empty / max(1.0, steps.count - empty)
+        return Ruling("token_budget", "fits", f"{empty:,.0f} of the {steps.count:,.0f} engine steps while requests "
+                                              f"waited produced no token (iteration_tokens ≤ 1): they carried only "
+                                              f"chunks of prompts{about}, about {per:.0f} such steps a prompt, "
+                                              f"split at the token budget{of}")
+    mean = steps.sum / steps.count
+    largest = largest_step_bound(steps) or mean
+    if budget and largest <= budget and mean >= BUDGET_FULL_SHARE * budget:
+        return Ruling("token_budget", "fits", f"the engine's steps averaged {fmt_tokens(mean)} tokens against the "
+                                              f"--max-num-batched-tokens budget of {fmt_tokens(budget)}")
+    if empty == 0:
+        return Ruling("token_budget", "ruled_out", f"every one of the {steps.count:,.0f} engine steps while requests "
+                                                   "waited produced tokens: prompts went in whole, not in chunks")
+    return Ruling("token_budget", "unknown", f"{empty:,.0f} of {steps.count:,.0f} steps carried only prompt chunks")
+
+
+def waiting_differential(ctx: Context, w: Waiting) -> Differential:
+    """Why requests waited in ``w``'s scrapes: each cause of the ``waiting`` symptom checked."""
+    t = ctx.thresholds
+    ends = {s.ts for s, _ in w.scrapes}
+    first, last = (min(ends), max(ends)) if ends else (0.0, 0.0)
+    stalled = [s for s in ctx.stalls if s.start <= last and s.end >= first]
+    if stalled:
+        stall = Ruling("stalled", "fits", f"no token for {stalled[0].end - stalled[0].start:.0f} s with "
+                                          f"{stalled[0].num_requests_running:.0f} running")
+    else:
+        stall = Ruling("stalled", "ruled_out", "tokens moved through the wait")
+    slept = sum(1 for iv in ctx.intervals if iv.asleep and iv.end in ends)
+    asleep = (Ruling("asleep", "fits", f"the engine was asleep at {slept} of the scrapes with requests waiting")
+              if slept else Ruling("asleep", "ruled_out", "the engine was awake while requests waited"))
+    if not exposes(ctx, "num_requests_waiting_by_reason"):
+        deferred = Ruling("deferred", "unknown", "this vLLM does not split waiting by reason")
+    else:
+        peak = max(((snap.by_label("num_requests_waiting_by_reason", u) or {}).get("deferred", 0.0)
+                    for _, snap in w.scrapes for u in w.units), default=0.0)
+        deferred = (Ruling("deferred", "fits", f"up to {peak:.0f} waited 'deferred'") if peak > 0 else
+                    Ruling("deferred", "ruled_out", "every waiting request waited for capacity, none 'deferred'"))
+    usage = max(((snap.value("kv_cache_usage_perc", u) or 0.0) for _, snap in w.scrapes for u in w.units),
+                default=0.0)
+    preempted = sum(iv.num_preemptions or 0.0 for iv in ctx.intervals if iv.end in ends)
+    if usage >= t.kv_full_perc or preempted > 0:
+        kv = Ruling("kv_full", "fits", f"KV usage up to {usage * 100:.0f} %"
+                    + (f", {preempted:.0f} preemptions" if preempted else "") + " while requests waited")
+    elif usage < t.kv_low_perc:
+        kv = Ruling("kv_full", "ruled_out", f"KV usage ≤ {usage * 100:.0f} % and no preemption while requests waited")
+    else:
+        kv = Ruling("kv_full", "unknown", f"KV usage up to {usage * 100:.0f} %: neither full nor clearly free")
+    return differential("waiting", (stall, asleep, deferred, kv, seat_cap_ruling(ctx, w), token_budget_ruling(ctx, w)))
+
+
+# -- HTTP 4xx ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBytes:
+    """Mean bytes of a refused and of an answered generation request, fitted over the window's
+    intervals (``http_request_size_bytes_sum`` against ``http_requests_total`` by status class: the
+    same middleware observes both when an answer ends): bytes_i = answered · answered_i + refused ·
+    refused_i, least squares. None where the counts never vary apart."""
+
+    refused_bytes: float
+    answered_bytes: float
+    intervals: int
+
+
+def _bytes(snap: Snapshot) -> float | None:
+    by_handler = snap.by_label("http_request_bytes")
+    return sum(by_handler.values()) if by_handler else None
+
+
+def request_bytes(ctx: Context) -> RequestBytes | None:
+    rows: list[tuple[float, float, float]] = []
+    for (_, a), (_, b) in zip(ctx.ok, ctx.ok[1:]):
+        ba, bb = _bytes(a), _bytes(b)
+        ha, hb = a.by_label("http_requests"), b.by_label("http_requests")
+        if ba is None or bb is None or ha is None or hb is None:
+            continue
+        restart = restarted(a, b)
+        size = counter_step(ba, bb, restart)
+        steps = {k: counter_step(ha.get(k, 0.0), hb.get(k, 0.0), restart) for k in ("2xx", "4xx", "5xx")}
+        answered, refused = steps["2xx"] + steps["5xx"], steps["4xx"]
+        if answered or refused:
+            rows.append((size, answered, refused))
+    saa = sum(a * a for _, a, _ in rows)
+    srr = sum(r * r for _, _, r in rows)
+    sar = sum(a * r for _, a, r in rows)
+    det = saa * srr - sar * sar
+    # The two counts must vary apart (a determinant well clear of 0), or the split is not identified.
+    if len(rows) < 3 or srr <= 0 or det <= 1e-6 * saa * srr:
+        return None
+    sba = sum(s * a for s, a, _ in rows)
+    sbr = sum(s * r for s, _, r in rows)
+    answered_bytes = (sba * srr - sbr * sar) / det
+    refused_bytes = (sbr * saa - sba * sar) / det
+    if refused_bytes <= 0 or answered_bytes <= 0:
+        return None
+    return RequestBytes(refused_bytes, answered_bytes, len(rows))
+
+
+def context_limit_ruling(ctx: Context) -> Ruling:
+    """``context_limit``: refused prompts over --max-model-len. The engine never sees them, so the
+    sizes of the requests the API server received tell: each token of a prompt is at least one byte of
+    its text, so refused requests averaging fewer bytes than ``CONTEXT_NEAR_SHARE`` of the limit cannot
+    be, for the most part, over it (ruled out); refused requests that, at the served prompts' bytes per
+    token, reach that share of it fit. Without the sizes, served prompts near the limit or answers cut
+    at it fit; neither rules it out (the refused could be another sort of prompt)."""
+    m = ctx.flags.max_model_len
+    o = ctx.outcomes
+    prompts = histogram_delta([s for s, _ in ctx.ok], "request_prompt_tokens")
+    longest = largest_step_bound(prompts) if prompts is not None and prompts.count > 0 else None
+    if m is None:
+        return Ruling("context_limit", "unknown", "--max-model-len is not known here")
+    fit = request_bytes(ctx)
+    served = prompts.sum / prompts.count if prompts is not None and prompts.count > 0 else None
+    if fit is not None:
+        at_most = fit.refused_bytes / m
+        if at_most < CONTEXT_NEAR_SHARE:
+            return Ruling("context_limit", "ruled_out",
+                          f"the refused requests averaged {fmt_tokens(fit.refused_bytes)} bytes (http_request_size "
+                          f"over {fit.intervals} intervals), too few for prompts over {fmt_tokens(m)} tokens (a token "
+                          f"is at least a byte): at most {at_most * 100:.0f} % of them could be"
+                          + (f"; served prompts averaged {fmt_tokens(served)} tokens" if served else ""))
+        if served is not None and fit.answered_bytes > 0:
+            tokens = served * fit.refused_bytes / fit.answered_bytes
+            if tokens >= CONTEXT_NEAR_SHARE * m:
+                return Ruling("context_limit", "fits",
+                              f"the refused requests averaged {fmt_tokens(fit.refused_bytes)} bytes against "
+                              f"{fmt_tokens(fit.answered_bytes)} for the served ones ({fmt_tokens(served)}-token "
+                              f"prompts): about {fmt_tokens(tokens)} tokens each at the same bytes per token, "
+                              f"against --max-model-len {fmt_tokens(m)}")
+    cut = o.cut or 0.0
+    if cut > 0:
+        return Ruling("context_limit", "fits", f"{cut:.0f} answers were cut at --max-model-len {fmt_tokens(m)}")
+    if longest is not None and longest >= CONTEXT_NEAR_SHARE * m:
+        return Ruling("context_limit", "fits", f"served prompts reached the {fmt_tokens(longest)}-token bucket of "
+                                               f"--max-model-len {fmt_tokens(m)}")
+    size = "the request sizes are not exported" if fit is None else "the refused requests' size is not conclusive"
+    return Ruling("context_limit", "unknown",
+                  f"{size}; served prompts ≤ {fmt_tokens(longest)} tokens of {fmt_tokens(m)}" if longest else size)
+
+
+def rejected_differential(ctx: Context) -> Differential:
+    """Why requests were refused with 4xx: the context limit from the sizes, the rest from the log's
+    access lines (the metrics group every 4xx together)."""
+    rulings = [context_limit_ruling(ctx)]
+    access = ctx.access
+    if access is None:
+        why = "no access log given (paste the server's log: its access lines tell a 404 from a 400 or a 401)"
+        rulings += [Ruling(c, "unknown", why) for c in ("model_not_served", "auth", "bad_request")]
+        return differential("rejected_4xx", rulings)
+    codes = access.client_errors()
+    seen = ", ".join(f"{n:,} × {code}" for code, n in sorted(codes.items())) or "no 4xx"
+    for cause, code, what in (("model_not_served", 404, "404 Not Found"), ("auth", 401, "401 Unauthorized"),
+                              ("bad_request", 400, "400 Bad Request")):
+        n = codes.get(code, 0)
+        total = sum(codes.values())
+        if n and n * 2 >= total:
+            rulings.append(Ruling(cause, "fits", f"the server's access log shows {n:,} of its {total:,} 4xx answers on "
+                                                 f"/v1/ as {what}"))
+        else:
+            rulings.append(Ruling(cause, "ruled_out", f"the access log shows {seen} on /v1/"))
+    if codes.get(400, 0) * 2 >= sum(codes.values()) > 0:
+        # A 400 is also what a prompt over the limit gets: the access line alone cannot tell them apart.
+        context = rulings[0]
+        if context.fit == "fits":
+            rulings[-1] = Ruling("bad_request", "unknown", "the 400s may be the context limit's")
+    return differential("rejected_4xx", rulings)
+
