@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.core.diagnosis import diagnose, exit_code, prepare
-from diagnostics.core.diagnosis.logs import parse_log
+from diagnostics.core.diagnosis.logs import accepts, parse_log
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 INCIDENTS = FIXTURES / "incidents"
@@ -194,3 +194,36 @@ def test_an_engine_killed_by_an_illegal_instruction_names_the_native_crash() -> 
     assert findings[0].id == "engine_died" and findings[0].severity == "critical"
     assert findings[0].title.endswith("a native crash in the engine process (Illegal instruction)")
     assert any("Fatal Python error: Illegal instruction" in line for line in findings[0].evidence["log_lines"])
+
+
+# What a rejected value's message says vLLM accepts, in the shapes vLLM 0.32 and pydantic write it.
+@pytest.mark.parametrize(("problem", "accepted", "change", "limit"), [
+    # pydantic's Field(ge=1), Field(le=1), Field(gt=0): a strict bound has no value at it
+    ("Input should be greater than or equal to 1 [type=greater_than_equal, input_value=0, input_type=int]",
+     "should be greater than or equal to 1", "increase", 1.0),
+    ("Input should be less than or equal to 1 [type=less_than_equal, input_value=1.5, input_type=float]",
+     "should be less than or equal to 1", "decrease", 1.0),
+    ("Input should be greater than 0 [type=greater_than, input_value=0, input_type=int]",
+     "should be greater than 0", "increase", None),
+    # vllm/config/scheduler.py verify_max_model_len; vllm/config/model.py validate_model_config_after
+    ("long_prefill_token_threshold (4096) cannot be greater than the max_model_len (2048).",
+     "cannot be greater than the max_model_len (2048)", "decrease", 2048.0),
+    ("max_model_len must be a positive integer, got int: 0. Example: max_model_len=2048",
+     "must be a positive integer", "increase", None),
+    # argparse; ModelConfig._verify_quantization
+    ("invalid choice: 'lifo' (choose from 'fcfs', 'priority')", "'fcfs', 'priority'", None, None),
+    ("Unknown quantization method: bogus. Must be one of ['awq', 'fp8'].", "['awq', 'fp8']", None, None),
+    ("invalid int value: 'many'", "int", None, None),
+    ("Load format `bogus` is not supported", None, None, None),
+])
+def test_what_a_rejected_value_accepts_is_read_from_its_message(
+    problem: str, accepted: str | None, change: str | None, limit: float | None
+) -> None:
+    numbers, words = accepts(problem)
+    assert (words.get("accepted"), words.get("change"), numbers.get("limit")) == (accepted, change, limit)
+
+
+def test_the_bound_of_pydantics_input_dump_is_not_the_messages() -> None:
+    """The dump after "[type=" is the input, not the message: a bound there states nothing."""
+    assert accepts("Value error, no such thing [type=value_error, input_value={'x': 'must be greater than 3'}]") \
+        == ({}, {})

@@ -235,6 +235,9 @@ QUOTED_LINE = {
     "max_model_len_tiny": 54, "model_missing_path": 50, "model_missing_repo": 60, "port_in_use_mid": 36,
     "port_in_use_tiny": 36, "tp_heads_tiny": 53, "tp_heads_wide": 53, "trust_remote_code_mid": 11,
     "trust_remote_code_tiny": 11, "unknown_architecture": 51, "unknown_truncated_config": 72,
+    "scheduling_policy_lifo": 296, "max_lora_rank_7": 296, "max_num_seqs_word": 296,
+    "gpu_memory_utilization_high": 52, "max_num_seqs_zero": 55, "long_prefill_threshold_high": 50,
+    "max_model_len_zero": 53, "tokenizer_mode_bogus": 69, "load_format_bogus": 107, "quantization_bogus": 53,
 }
 
 
@@ -323,3 +326,84 @@ def test_a_known_error_before_application_startup_complete_is_no_finding_once_th
     assert diagnose(prepare([], log_text=started)) == []
     cut = "\n".join([*lines[:5], retry]) + "\n"
     assert _top(cut).id == "startup_trust_remote_code"
+
+
+# A rejected value, per shape of vLLM's message (the real logs): the flag, what vLLM accepts and the
+# change, each written from the log's text. (flag, accepted, direction, value)
+REJECTED = {
+    # argparse: "argument --scheduling-policy: invalid choice: 'lifo' (choose from 'fcfs', 'priority')"
+    "scheduling_policy_lifo": ("--scheduling-policy", "'fcfs', 'priority'", "set", None),
+    # argparse, int choices unquoted: "invalid choice: 7 (choose from 1, 8, 16, 32, 64, 128, 256, 320, 512)"
+    "max_lora_rank_7": ("--max-lora-rank", "1, 8, 16, 32, 64, 128, 256, 320, 512", "set", None),
+    # argparse type: "argument --max-num-seqs: invalid int value: 'many'"
+    "max_num_seqs_word": ("--max-num-seqs", "int", "set", None),
+    # pydantic field: "gpu_memory_utilization / Input should be less than or equal to 1"
+    "gpu_memory_utilization_high": ("--gpu-memory-utilization", "should be less than or equal to 1", "decrease", 1),
+    # pydantic, two fields: max_num_batched_tokens (derived) first, then max_num_seqs (the one given)
+    "max_num_seqs_zero": ("--max-num-seqs", "should be greater than or equal to 1", "increase", 1),
+    # a check naming the field: "long_prefill_token_threshold (4096) cannot be greater than the max_model_len (2048)."
+    "long_prefill_threshold_high": ("--long-prefill-token-threshold",
+                                    "cannot be greater than the max_model_len (2048)", "decrease", 2048),
+    # "Value error, max_model_len must be a positive integer, got int: 0."
+    "max_model_len_zero": ("--max-model-len", "must be a positive integer", "increase", None),
+    # "No tokenizer registered for tokenizer_mode='bogus'." (no list of modes in the message)
+    "tokenizer_mode_bogus": ("--tokenizer-mode", None, "set", None),
+    # only the value, backticked: "Load format `bogus` is not supported"
+    "load_format_bogus": ("--load-format", None, "set", None),
+    # only the value, bare: "Unknown quantization method: bogus. Must be one of ['awq', 'auto_awq', ...]"
+    "quantization_bogus": ("--quantization", "['awq', 'auto_awq', 'fp8',", "set", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_a_rejected_value_names_its_flag_what_vllm_accepts_and_the_change(name: str) -> None:
+    flag, accepted, direction, value = REJECTED[name]
+    first = _top((STARTUP / LABELS[name]["file"]).read_text())
+    assert (first.id, first.evidence["flag"]) == ("startup_invalid_argument", flag)
+    s = first.suggestions[0]
+    assert (s.flag, s.direction, s.value) == (flag, direction, value)
+    if accepted is None:
+        assert "accepted" not in first.evidence
+        assert LABELS[name]["quote"] in s.why  # the message itself is the reason
+    else:
+        assert accepted in first.evidence["accepted"] and accepted in s.why
+
+
+def test_a_value_named_only_by_the_message_maps_through_the_echoed_args() -> None:
+    """load_format_bogus.log: the EngineCore's message names only `bogus`; the API server's
+    non-default args give it to load_format."""
+    first = _top((STARTUP / "load_format_bogus.log").read_text())
+    assert (first.evidence["named_by"], first.evidence["value"]) == ("value", "bogus")
+    tokenizer = _top((STARTUP / "tokenizer_mode_bogus.log").read_text())
+    assert (tokenizer.evidence["named_by"], tokenizer.evidence["value"]) == ("field", "bogus")
+
+
+def test_a_value_no_echoed_arg_has_stays_an_unexplained_failure_and_no_flag_is_guessed() -> None:
+    """The real load_format_bogus.log with its non-default args saying load_format 'dummy' (as the
+    recorder's servers do): `bogus` is no arg's value, so the quoted line stays startup_failed."""
+    text = (STARTUP / "load_format_bogus.log").read_text()
+    edited = text.replace("'load_format': 'bogus'", "'load_format': 'dummy'")
+    assert edited != text
+    first = _top(edited)
+    assert (first.id, first.suggestions) == ("startup_failed", ())
+    assert "Load format `bogus` is not supported" in first.evidence["message"]
+    # Two args with the value: which one is meant is not said, so neither is named.
+    both = text.replace("'load_format': 'bogus'", "'load_format': 'bogus', 'tokenizer': 'bogus'")
+    assert _top(both).id == "startup_failed"
+
+
+def test_a_field_named_only_in_pydantics_input_dump_is_not_the_flag() -> None:
+    """unknown_architecture.log's message ends with pydantic's dump of the ModelConfig's input
+    ("[type=value_error, input_value=ArgsKwargs((), {'model': ...nderer_num_workers': 1})"): a field
+    there that the server was given (stream_interval, written into its args and the dump) is not what
+    the message is about; written into the message itself, it is."""
+    text = (STARTUP / "unknown_architecture.log").read_text()
+    dump = "{'model': ...nderer_num_workers': 1})"
+    assert dump in text
+    given = text.replace("'load_format': 'dummy'", "'load_format': 'dummy', 'stream_interval': 2").replace(
+        dump, "{'model': ..., 'stream_interval': 2})")
+    assert "'stream_interval': 2}" in given and "'stream_interval': 2," in given
+    assert _top(given).id == "startup_failed"
+    named = given.replace("are not supported for now.", "are not supported for now with stream_interval.")
+    first = _top(named)
+    assert (first.id, first.suggestions[0].flag) == ("startup_invalid_argument", "--stream-interval")

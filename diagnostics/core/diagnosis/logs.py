@@ -152,8 +152,30 @@ _TRACEBACK = re.compile(r"^Traceback \(most recent call last\)")
 # Exceptions that only carry another's failure: the root cause is the exception they point back to.
 _WRAPPERS = re.compile(r"EngineDeadError|Engine core initialization failed|EngineCore failed to start|"
                        r"KeyboardInterrupt|SystemExit|See root cause above")
-_PYDANTIC = re.compile(r"\d+ validation errors? for \w+")
+_PYDANTIC = re.compile(r"(?P<count>\d+) validation errors? for \w+")
 _FIELD = re.compile(r"^(?P<field>[a-z_][a-z0-9_]*)$")
+# Pydantic ends a message with its error type and the whole input ("[type=value_error, input_value=
+# ArgsKwargs((), {...every field...})"): the message is what comes before it.
+_PYDANTIC_TAIL = re.compile(r"\s*\[type=\w+.*$")
+# The exceptions vLLM's config validation raises: ValueError from its checks (a __post_init__, a
+# model_validator, the model loader's and tokenizer registry's lookups), pydantic's ValidationError
+# around a dataclass's.
+_VALIDATION = frozenset({"ValueError", "ValidationError"})
+# A config field a message names: snake_case (``long_prefill_token_threshold (4096)``,
+# ``tokenizer_mode='bogus'``) or the flag itself (``--runner generate``).
+_NAMED_FIELD = re.compile(r"(?<![\w-])(?:--)?(?P<name>[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+)(?![\w-])")
+# What vLLM accepts, as a rejected value's message states it: argparse's choices ("(choose from 'fcfs',
+# 'priority')") and vLLM's lists ("Must be one of [...]", ModelConfig._verify_quantization); an argparse
+# type ("invalid int value"); or a bound, pydantic's Field(gt=, ge=, lt=, le=) ("Input should be less than
+# or equal to 1") and vLLM's own ("cannot be greater than the max_model_len (2048)", "must be a positive
+# integer", vllm/config/scheduler.py, model.py).
+_CHOICES = re.compile(r"\(choose from (?P<choices>.+)\)|[Mm]ust be one of (?P<one_of>\[.*?\])")
+_TYPE = re.compile(r"invalid (?P<type>\w+) value")
+_BOUND = re.compile(
+    r"(?:should|must) be (?P<op>greater|less) than(?P<equal> or equal to)? (?:the )?(?:[a-z_]+ )?"
+    r"\(?(?P<limit>-?\d+(?:\.\d+)?)\)?|"
+    r"cannot be (?P<not_op>greater|larger|less|smaller) than (?:the )?(?:[a-z_]+ )?\(?(?P<not_limit>-?\d+(?:\.\d+)?)\)?|"
+    r"must be a positive (?:integer|number)")
 # CUDA-graph capture in progress (vllm/v1/worker/gpu_model_runner.py: the progress bar and the frames),
 # and its end ("Graph capturing finished in %.0f secs, took %.2f GiB").
 _CAPTURING = re.compile(r"Capturing CUDA graphs|in capture_model|in _capture_cudagraphs|in profile_cudagraph_memory|"
@@ -269,18 +291,84 @@ def _numbers_and_words(groups: dict[str, str | None]) -> tuple[dict[str, float],
     return numbers, words
 
 
-def _pydantic_field(lines: list[str]) -> LogError | None:
-    """A pydantic ValidationError on one config field (``block_size`` / ``Input should be greater
-    than 0``): the field is the flag, the next line the problem."""
+def accepts(problem: str) -> tuple[dict[str, float], dict[str, str]]:
+    """What vLLM accepts, as a rejected value's message states it: ``accepted`` its own words (the
+    choices, the type, the bound), ``constraint`` which of the three; for a bound, ``change`` the way
+    past it (increase / decrease) and ``limit`` the bound when a value at it is accepted (``greater than
+    or equal to 1``, ``cannot be greater than ... (2048)``; a strict bound gives none: the next value
+    depends on the flag's type). Nothing when the message states none."""
+    message = _PYDANTIC_TAIL.sub("", problem)
+    if m := _CHOICES.search(message):
+        return {}, {"accepted": inert(m.group("choices") or m.group("one_of")), "constraint": "choices"}
+    if m := _TYPE.search(message):
+        return {}, {"accepted": inert(m.group("type")), "constraint": "type"}
+    if (m := _BOUND.search(message)) is None:
+        return {}, {}
+    words = {"accepted": inert(m.group(0).rstrip(".")), "constraint": "bound"}
+    if m.group("op"):
+        words["change"] = "increase" if m.group("op") == "greater" else "decrease"
+        return ({"limit": float(m.group("limit"))} if m.group("equal") else {}), words
+    if m.group("not_op"):
+        words["change"] = "decrease" if m.group("not_op") in ("greater", "larger") else "increase"
+        return {"limit": float(m.group("not_limit"))}, words
+    return {}, {**words, "change": "increase"}  # positive
+
+
+def _pydantic_field(lines: list[str], args: dict[str, Any]) -> LogError | None:
+    """A pydantic ValidationError on config fields (``block_size`` / ``Input should be greater than
+    0``): the field is the flag, the next line the problem (and what it accepts). Of several, the one
+    the server was given: ``--max-num-seqs 0`` is also reported on the max_num_batched_tokens vLLM
+    derived from it, listed first."""
     for i, line in enumerate(lines):
-        if not _PYDANTIC.search(line):
+        if not (m := _PYDANTIC.search(line)):
             continue
-        rest = [(j, _body(lines[j])) for j in range(i + 1, min(i + 4, len(lines))) if _body(lines[j])]
-        if len(rest) >= 2 and (m := _FIELD.match(rest[0][1])):
-            name, (line_no, problem) = m.group("field"), rest[1]
-            return LogError("invalid_argument", line_no + 1, quote(f"{name}: {problem}"), {},
-                            {"flag": "--" + name.replace("_", "-"), "problem": inert(problem)})
+        count = int(m.group("count"))
+        rest = [(j, _body(lines[j])) for j in range(i + 1, min(i + 1 + 3 * count, len(lines))) if _body(lines[j])]
+        pairs = [(f.group("field"), rest[k + 1]) for k in range(len(rest) - 1) if (f := _FIELD.match(rest[k][1]))]
+        if not pairs:
+            continue
+        name, (line_no, problem) = next((p for p in pairs if p[0] in args), pairs[0])
+        numbers, words = accepts(problem)
+        return LogError("invalid_argument", line_no + 1, quote(f"{name}: {problem}"), numbers,
+                        {"flag": "--" + name.replace("_", "-"), "problem": inert(problem), **words})
     return None
+
+
+def _named_arg(message: str, args: dict[str, Any]) -> tuple[str, str] | None:
+    """The echoed non-default arg a validation message names, and how: by its field (the first the
+    message names), else — the only one — by its value, a word of its own in the message (``Load
+    format `bogus` is not supported``; a string with a letter in it: a number or a switch would match
+    any count or flag in the text). None: the message names none of them, and no flag is guessed."""
+    for m in _NAMED_FIELD.finditer(message):
+        if (key := m.group("name").replace("-", "_")) in args:
+            return key, "field"
+    by_value = [key for key, value in args.items()
+                if isinstance(value, str) and re.search(r"[A-Za-z]", value)
+                and re.search(rf"(?<![\w./-]){re.escape(value)}(?![\w/-]|\.\w)", message)]
+    return (by_value[0], "value") if len(by_value) == 1 else None
+
+
+def _rejected_value(failure: LogError, lines: list[str], args: dict[str, Any]) -> LogError | None:
+    """A failed start whose exception is a validation error naming one of the server's own args (by
+    field or by value): that arg's flag, with what the message says it accepts. The quoted line is
+    the failure's."""
+    if failure.words.get("exception") not in _VALIDATION:
+        return None
+    body = _body(lines[failure.line_no - 1])
+    m = _EXCEPTION.match(body)
+    message = (m.group("text") or "") if m else body
+    if _PYDANTIC.search(message):
+        # Pydantic says the message on the next line (a model_validator's "Value error, ...").
+        message = next((b for x in lines[failure.line_no:failure.line_no + 2] if (b := _body(x))), "")
+    message = _PYDANTIC_TAIL.sub("", message)
+    named = _named_arg(message, args)
+    if named is None:
+        return None
+    key, how = named
+    numbers, words = accepts(message)
+    return replace(failure, kind="invalid_argument", numbers=numbers,
+                   words={"flag": "--" + key.replace("_", "-"), "problem": inert(message), "named_by": how,
+                          "value": inert(str(args[key])), "exception": failure.words["exception"], **words})
 
 
 def failure_line(lines: list[str]) -> LogError | None:
@@ -340,8 +428,9 @@ def _failed_start(errors: dict[str, LogError], lines: list[str], args: dict[str,
                   started: int | None) -> dict[str, LogError]:
     """The errors of a failed start outside the memory family, resolved: dropped in a log whose
     server came up; a KV-head split only with the server's TP size; an OOM during CUDA-graph capture
-    named so; a gated repo is not also "not found"; a pydantic field error; and, when no known error
-    explains the failure, the line that does (``startup_failed``)."""
+    named so; a gated repo is not also "not found"; a rejected flag with what vLLM accepts (argparse's,
+    a pydantic field's, a validation error naming an echoed arg); and, when no known error explains
+    the failure, the line that does (``startup_failed``)."""
     if started is not None:
         return {k: e for k, e in errors.items() if k not in FAILED_START_KINDS}
     if "tp_kv_heads" in errors:
@@ -356,13 +445,18 @@ def _failed_start(errors: dict[str, LogError], lines: list[str], args: dict[str,
             errors["cuda_graph_oom"] = replace(errors.pop("cuda_oom"), kind="cuda_graph_oom")
     if "model_gated" in errors:
         errors.pop("model_not_found", None)
+    if (usage := errors.get("invalid_argument")) is not None and "problem" in usage.words:
+        numbers, words = accepts(usage.words["problem"])
+        errors["invalid_argument"] = replace(usage, numbers={**usage.numbers, **numbers},
+                                             words={**usage.words, **words})
     known = set(errors) - {"engine_dead"}
-    if not known and (field_error := _pydantic_field(lines)) is not None:
+    if not known and (field_error := _pydantic_field(lines, args)) is not None:
         errors["invalid_argument"] = field_error
     elif not known and (failure := failure_line(lines)) is not None:
         if "engine_dead" not in errors or "exception" in failure.words:
             errors.pop("engine_dead", None)
-            errors["startup_failed"] = failure
+            rejected = _rejected_value(failure, lines, args)
+            errors[rejected.kind if rejected else failure.kind] = rejected or failure
     return errors
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.logs import LogError, LogFacts, inert
 from diagnostics.core.diagnosis.rules.memory import more_kv_capacity
-from diagnostics.core.diagnosis.types import Finding, Suggestion
+from diagnostics.core.diagnosis.types import Direction, Finding, Suggestion
 
 STARTUP_ERRORS: dict[str, tuple[str, str]] = {
     "kv_too_small": ("KV cache too small for --max-model-len: the server cannot start", "kv-too-small-for-context"),
@@ -146,6 +146,28 @@ def _attention(error: LogError) -> list[Suggestion]:
     return []
 
 
+def _rejected_flag(error: LogError) -> Suggestion:
+    """The flag vLLM rejected, changed to what its message says it accepts: past the bound it states
+    (to the bound, when a value at it is accepted), else set to one of its choices or a value of its
+    type (no value: which one is the user's to pick)."""
+    n, w = error.numbers, error.words
+    flag = w.get("flag") or w.get("unknown") or "--help"
+    accepted, constraint = w.get("accepted"), w.get("constraint")
+    if constraint == "choices":
+        why = f"vLLM takes one of {accepted}."
+    elif constraint == "type":
+        why = f"vLLM takes a value of type {accepted} ({w.get('problem')})."
+    elif constraint == "bound":
+        why = f"vLLM: {flag} {accepted}."
+    else:
+        why = f"vLLM: {w.get('problem', 'unrecognized argument')}"
+    change = w.get("change")
+    direction: Direction = "increase" if change == "increase" else "decrease" if change == "decrease" else "set"
+    limit = n.get("limit")
+    value = None if limit is None else int(limit) if limit.is_integer() else limit
+    return Suggestion(flag, direction, value, why)
+
+
 def _failed_start_suggestions(error: LogError, log: LogFacts) -> list[Suggestion]:
     n, w, args = error.numbers, error.words, log.non_default_args
     kind = error.kind
@@ -181,8 +203,7 @@ def _failed_start_suggestions(error: LogError, log: LogFacts) -> list[Suggestion
                            "vLLM: use float16 on a GPU older than compute capability 8.0." if half
                            else "A dtype the device and the model support.")]
     if kind == "invalid_argument":
-        flag = w.get("flag") or w.get("unknown") or "--help"
-        return [Suggestion(flag, "set", None, f"vLLM: {w.get('problem', 'unrecognized argument')}")]
+        return [_rejected_flag(error)]
     if kind == "port_in_use":
         port = args.get("port")
         return [Suggestion("--port", "set", None,
