@@ -37,6 +37,12 @@ KNOWN_MISSES = {
     # per second read 0.93 → 1.72 and the mean running 0.86 → 2.29, so the change reads as more load and
     # no change finding is made (quiet).
     "alt_ttft_prefix_miss_wide": "top: expected latency_changed, got quiet",
+    # Held-out (issue 41). The token budget is named, with the right flag, but the seat cap is not ruled
+    # out: --max-num-seqs is not known here (no log), and running sat at its own peak of 2 in 9 of 16 (8 of
+    # 14) scrapes with requests waiting, neither the 80 % a cap is inferred from nor under the half that
+    # rules one out. With the flag known (8, 16) it is ruled out: running peaked at 2.
+    "alt_queue_token_budget_h8": "alternatives: seat_cap not ruled out (unknown)",
+    "alt_queue_token_budget_wide": "alternatives: seat_cap not ruled out (unknown)",
 }
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.core.diagnosis import RULES, Budgets, Context, Rule, Thresholds, diagnose, prepare
+from diagnostics.core.diagnosis import RULES, Budgets, Context, Finding, Rule, Thresholds, diagnose, prepare
 from diagnostics.core.diagnosis.alerts import alert_rules
 from diagnostics.core.diagnosis.causes import SYMPTOMS
 from diagnostics.core.diagnosis.context import TokensStopped
@@ -204,6 +204,17 @@ def _contexts() -> dict[str, Context]:
 CONTEXTS = _contexts()
 
 
+def _knobs(finding: Finding, row: tuple[str, ...]) -> tuple[str, ...]:
+    """The knob rows a finding must carry: a finding that checked its symptom's causes rests on the named
+    cause's row (none when no cause was identified or the cause has no flag); the others on ``row``."""
+    symptom = SYMPTOMS.get(finding.evidence.get("symptom", ""))
+    if symptom is None:
+        return row
+    cause = finding.evidence.get("cause")
+    knob = symptom.cause(cause).knob if cause else None
+    return (knob,) if knob else ()
+
+
 def _runs(ctx: Context) -> list[Rule]:
     return [rule for rule in RULES if ctx.ok or not rule.needs_scrapes]
 
@@ -221,13 +232,7 @@ def test_each_finding_carries_the_knobs_chart_and_window_of_its_row_and_no_body_
             assert (raw.knobs, raw.chart, "window" in raw.evidence) == ((), None, False), (rule.id, raw.id)
         for finding in run_rule(rule, ctx):
             stamp = rule.stamp(finding.id)
-            # A finding that checked its symptom's causes rests on the named cause's row (none when no cause
-            # was identified); the others on their row's.
-            symptom = SYMPTOMS.get(finding.evidence.get("symptom", ""))
-            cause = finding.evidence.get("cause")
-            knob = symptom.cause(cause).knob if symptom is not None and cause else None
-            want = stamp.knobs if symptom is None else ((knob,) if knob else ())
-            assert finding.knobs == want, (rule.id, finding.id)
+            assert finding.knobs == _knobs(finding, stamp.knobs), (rule.id, finding.id)
             assert finding.chart == (stamp.chart if ctx.ok else None), (rule.id, finding.id)
             window = finding.evidence.get("window")
             if stamp.window and ctx.history:
@@ -250,7 +255,7 @@ def test_a_finding_named_in_overrides_or_absent_carries_that_entry_not_its_rows(
                     continue
                 seen.add((rule.id, f.id))
                 assert (f.knobs, f.chart, "window" in f.evidence) == (
-                    entry.knobs, entry.chart if ctx.ok else None, entry.window and bool(ctx.history)), (rule.id, f.id)
+                    _knobs(f, entry.knobs), entry.chart if ctx.ok else None, entry.window and bool(ctx.history)), (rule.id, f.id)
     assert seen == {(rule.id, finding_id) for rule, finding_id in DECLARED
                     if finding_id in rule.overrides or finding_id == f"absent:{rule.absent}"}
 

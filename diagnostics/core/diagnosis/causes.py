@@ -163,11 +163,14 @@ SYMPTOMS: dict[str, Symptom] = _symptoms(
               ("iteration_tokens", "num_requests_running"), "queue-token-budget"),
     )),
     Symptom("ttft", "TTFT over budget, mostly prefill", ("ttft_prefill_dominated",), (
-        Cause("long_prompts", "long prompts", "prefill time ≥ queue time with prompts of hundreds of tokens",
-              "prompts short (request_prompt_tokens p95 under the chunk budget)",
-              ("request_prompt_tokens", "request_prefill_time_seconds"), "ttft-prefill"),
         Cause("preemption", "preemption and recompute", "preemptions in the window (prefill time includes them)",
               "no preemption", ("num_preemptions",), "preemption"),
+        Cause("token_budget", "prompts split over several steps by --max-num-batched-tokens",
+              "engine steps of prompt chunks alone (iteration_tokens ≤ 1 in vLLM 0.32), or prompts longer than a "
+              "known budget", "every step produced tokens, or prompts within a known budget",
+              ("iteration_tokens", "request_prompt_tokens"), "ttft-prefill"),
+        Cause("long_prompts", "long prompts computed whole", "prompts of hundreds of tokens prefilled in one step",
+              "prompts short (request_prompt_tokens p95 under 500)", ("request_prompt_tokens",), None),
     )),
     Symptom("itl", "Slow decode / ITL over budget", ("slow_decode", "head_of_line_blocking"), (
         Cause("head_of_line", "long prefills in the batch (head-of-line)",

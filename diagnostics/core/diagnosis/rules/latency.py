@@ -10,6 +10,12 @@ from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, quantile_evidence, whole
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
+from diagnostics.core.diagnosis.rules.signatures import (
+    prefill_differential,
+    token_budget_target,
+    waiting_differential,
+    waiting_in,
+)
 from diagnostics.core.diagnosis.types import Finding, Suggestion
 from diagnostics.core.metrics.derive import (
     count_above,
@@ -198,7 +204,9 @@ def _fewer_sequences(ctx: Context, budget_ms: float, defended: int | None, peak:
 
 
 def ttft(ctx: Context) -> list[Finding]:
-    """TTFT over budget, split into queue-dominated and prefill-dominated (different knobs)."""
+    """TTFT over budget, split into queue-dominated and prefill-dominated; each follows the cause its
+    differential names (:func:`~.signatures.waiting_differential`, :func:`~.signatures.prefill_differential`),
+    and says "cause not identified" with no flag where none fits."""
     t, flags, budget_ms = ctx.thresholds, ctx.flags, ctx.budgets.ttft_ms
     if not exposes(ctx, "time_to_first_token_seconds"):
         return [absent("vllm:time_to_first_token_seconds", "ttft", "TTFT cannot be measured.")]
@@ -211,32 +219,53 @@ def ttft(ctx: Context) -> list[Finding]:
     evidence = {**quantile_evidence("ttft_p95", est), "ttft_budget_ms": budget_ms, "mean_queue_seconds": queue,
                 "mean_prefill_seconds": prefill, "max_kv_cache_usage_perc": usage}
     if queue is not None and prefill is not None and queue >= prefill:
-        if usage < t.kv_low_perc:
+        # Queue time at least the prefill time: requests waited, whatever the waiting gauge caught.
+        diff = waiting_differential(ctx, waiting_in(ctx, waited=True))
+        named = diff.named.id if diff.named else None
+        kv_high = diff.ruling("kv_full").fit == "unknown" and usage >= t.kv_low_perc
+        suggestions: tuple[Suggestion, ...] = ()
+        if named == "kv_full" or (named == "seat_cap" and kv_high):
+            # At the cap with the cache nearly full: more seats would fill it, so more KV room first.
+            suggestions = (suggest_more_kv(flags, t, None)[0],)
+        elif named == "seat_cap":
             cap = flags.max_num_seqs or max_gauge(ctx, "num_requests_running")
             waiting = max_gauge(ctx, "num_requests_waiting")
-            suggestion = Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap else None,
-                                    "Requests wait for a slot while the KV cache has room.")
-        else:
-            suggestion = suggest_more_kv(flags, t, None)[0]
+            suggestions = (Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap else None,
+                                      f"{diff.because().capitalize()}, with the KV cache ≤ {usage * 100:.0f} % full: "
+                                      "requests wait for a seat."),)
+        elif named == "token_budget":
+            suggestions = (Suggestion("--max-num-batched-tokens", "increase", token_budget_target(ctx),
+                                      f"{diff.because().capitalize()}: waiting requests are admitted only while a "
+                                      "step's token budget lasts."),)
+        cause = f": {diff.named.name}" if diff.named else ": cause not identified"
         return [Finding(
             id="ttft_queue_dominated", severity="warning",
             title=f"TTFT p95 {fmt_latency(est)} > {budget_ms:g} ms, mostly queue time "
-            f"({queue * 1000:.0f} ms queued vs {prefill * 1000:.0f} ms prefill on average)",
-            evidence=evidence, suggestions=(suggestion,),
-            checks=("A capacity problem: see the queueing and KV-pressure findings for which resource is short.",),
+            f"({queue * 1000:.0f} ms queued vs {prefill * 1000:.0f} ms prefill on average){cause}",
+            evidence={**evidence, **diff.evidence()}, suggestions=suggestions,
+            checks=("A capacity problem: see the queueing and KV-pressure findings for which resource is short.",
+                    *((f"Why {diff.named.name}: {diff.because()}.",) if diff.named else ()), *diff.checks()),
             time_range=whole(ctx),
         )]
-    current = flags.max_num_batched_tokens
-    suggestions = [Suggestion("--max-num-batched-tokens", "increase", current * 2 if current else None,
-                              "More prefill tokens per step shorten long prompts' prefill (at some ITL cost).")]
+    diff = prefill_differential(ctx)
+    named = diff.named.id if diff.named else None
+    prefill_suggestions: list[Suggestion] = []
+    if named == "preemption":
+        prefill_suggestions.append(suggest_more_kv(flags, t, None)[0])
+    elif named == "token_budget":
+        prefill_suggestions.append(Suggestion("--max-num-batched-tokens", "increase", token_budget_target(ctx),
+                                              f"{diff.because().capitalize()}: a larger budget prefills a prompt in "
+                                              "fewer steps (at some ITL cost)."))
     if flags.enable_prefix_caching is False:
-        suggestions.append(Suggestion("--enable-prefix-caching", "set", None,
-                                      "Repeated prefixes are then served from cache instead of recomputed."))
+        prefill_suggestions.append(Suggestion("--enable-prefix-caching", "set", None,
+                                              "Repeated prefixes are then served from cache instead of recomputed."))
+    cause = f": {diff.named.name}" if diff.named else ": cause not identified"
     return [Finding(
         id="ttft_prefill_dominated", severity="warning",
-        title=f"TTFT p95 {fmt_latency(est)} > {budget_ms:g} ms, mostly prefill time",
-        evidence=evidence, suggestions=tuple(suggestions),
+        title=f"TTFT p95 {fmt_latency(est)} > {budget_ms:g} ms, mostly prefill time{cause}",
+        evidence={**evidence, **diff.evidence()}, suggestions=tuple(prefill_suggestions),
         checks=("Check the prefix-cache hit rate: shared system prompts should hit.",
-                "A larger prefill budget can raise ITL for running sequences (head-of-line blocking)."),
+                "A larger prefill budget can raise ITL for running sequences (head-of-line blocking).",
+                *((f"Why {diff.named.name}: {diff.because()}.",) if diff.named else ()), *diff.checks()),
         time_range=whole(ctx),
     )]

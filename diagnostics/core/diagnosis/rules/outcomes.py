@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from diagnostics.core.diagnosis.causes import Ruling, differential
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.outcomes import Outcomes, outcomes
 from diagnostics.core.diagnosis.rules.common import max_gauge, quantile_evidence
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
-from diagnostics.core.diagnosis.rules.signatures import rejected_differential
+from diagnostics.core.diagnosis.rules.signatures import (
+    rejected_differential,
+    token_budget_target,
+    waiting_differential,
+    waiting_in,
+)
 from diagnostics.core.diagnosis.types import Finding, Suggestion
 from diagnostics.core.metrics.derive import histogram_delta, quantile_estimate
 from diagnostics.core.metrics.failure import ErrorKind
@@ -179,14 +185,19 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
                            f"{fmt_seconds_as_ms(q.reported()[0])}"
                            for name, q in (("queue", queue), ("TTFT", ttft)) if q is not None)
     suggestions: tuple[Suggestion, ...] = ()
+    diff = waiting_differential(ctx, waiting_in(ctx, waited))
     if ctx.stalls:
+        rulings = [Ruling("stalled", "fits", "tokens stopped while they waited (the stall finding)")]
         cause = "tokens stopped while they waited (the stall finding): no capacity change helps"
     elif not waited:
+        rulings = [Ruling("client_timeout", "fits", f"no request waited ({wait_words or 'no queue or TTFT counted'})")]
         cause = "no request waited in the queue: their timeout is shorter than an answer takes"
     elif usage >= t.kv_full_perc:
+        rulings = [Ruling("kv_full", "fits", f"KV usage up to {usage * 100:.0f} % while requests waited")]
         cause = "the KV cache was full, so requests queued for memory"
         suggestions = tuple(suggest_more_kv(flags, t, None))
-    else:
+    elif diff.named is not None and diff.named.id == "seat_cap":
+        rulings = [Ruling("seat_cap", "fits", diff.because())]
         cause = f"requests queued at the batch cap of {cap:.0f} with the KV cache ≤ {usage * 100:.0f} % full"
         # The waiting gauge can read 0 at every scrape while the TTFT says requests waited: how many is
         # then unknown, so no value (cap + 0 would be the current cap, a change that changes nothing).
@@ -199,12 +210,22 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
                        "Or shed early: past this many waiting, vLLM answers a fast 503 the client can retry or route "
                        "elsewhere, instead of a wait it abandons."),
         )
+    elif diff.named is not None and diff.named.id == "token_budget":
+        rulings = [Ruling("seat_cap", diff.ruling("seat_cap").fit, diff.ruling("seat_cap").because)]
+        cause = "requests queued behind prompts split at the token budget, with seats free"
+        suggestions = (Suggestion("--max-num-batched-tokens", "increase", token_budget_target(ctx),
+                                  f"{diff.because().capitalize()}: a larger budget admits them before their clients "
+                                  "give up."),)
+    else:
+        rulings = [Ruling("seat_cap", diff.ruling("seat_cap").fit, diff.ruling("seat_cap").because)]
+        cause = "cause not identified (they waited, but neither the seat cap nor the KV cache held them)"
+    gave = differential("gave_up", rulings + _gave_up_rest(ctx, rulings, waited, usage, wait_words))
     return [Finding(
         id="clients_gave_up",
         severity="warning",
         title=f"{gave_up:,.0f} of {answered:,.0f} answered requests were given up by their clients "
               f"({share * 100:.0f} %) before the engine finished them: {cause}",
-        evidence={"gave_up": gave_up, "gave_up_share_perc": share, "finished_abort": o.aborted,
+        evidence={**gave.evidence(), "gave_up": gave_up, "gave_up_share_perc": share, "finished_abort": o.aborted,
                   "max_num_requests_waiting": waiting, "num_requests_running_cap": cap,
                   "max_kv_cache_usage_perc": usage,
                   **{k: v for key, q in (("queue", queue), ("ttft", ttft), ("e2e", e2e)) if q is not None
@@ -215,9 +236,25 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
             "vLLM counts an abandoned request in no vllm: series (it is aborted, not finished): this count is the "
             "API server's 2xx answers less the requests the engine finished.",
             "The clients' own timeout (and retries) decides when they give up: compare it with the TTFT above.",
+            *gave.checks(),
         ),
         time_range=(min(first_wait, span[0]), span[1]),
     )]
+
+
+def _gave_up_rest(ctx: Context, named: list[Ruling], waited: bool, usage: float, wait_words: str) -> list[Ruling]:
+    """The gave-up causes the branch above did not decide, each ruled on its own number."""
+    t, have = ctx.thresholds, {r.cause for r in named}
+    out = []
+    if "stalled" not in have:
+        out.append(Ruling("stalled", "ruled_out", "tokens moved while they waited"))
+    if "kv_full" not in have:
+        out.append(Ruling("kv_full", "ruled_out" if usage < t.kv_full_perc else "fits",
+                          f"KV usage ≤ {usage * 100:.0f} %"))
+    if "client_timeout" not in have:
+        out.append(Ruling("client_timeout", "ruled_out" if waited else "fits",
+                          f"requests waited ({wait_words})" if waited and wait_words else "requests waited"))
+    return out
 
 
 def answers_cut_at_context(ctx: Context) -> list[Finding]:

@@ -10,14 +10,19 @@ from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.data_parallel import engines_of
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
-from diagnostics.core.diagnosis.rules.signatures import Waiting, seat_caps, waiting_differential, waiting_units
+from diagnostics.core.diagnosis.rules.signatures import (
+    Waiting,
+    seat_caps,
+    token_budget_target,
+    waiting_differential,
+    waiting_units,
+)
 from diagnostics.core.diagnosis.types import Finding, Suggestion
 from diagnostics.core.metrics.catalog import EngineKey, Snapshot
 from diagnostics.core.metrics.derive import (
     count_above,
     counter_steps,
     histogram_delta,
-    histogram_quantile,
     labelled_increase,
     labels_total,
     merge_histograms,
@@ -126,18 +131,6 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
                 "by the numbers below. Read the server log for what the scheduler waited on.", *diff.checks()),
         time_range=span,
     )]
-
-
-def token_budget_target(ctx: Context) -> int | None:
-    """A --max-num-batched-tokens that holds a prompt of the window's p95 plus the running decodes in one
-    step: a power of two, at least twice the current budget (known or inferred)."""
-    prompts = histogram_delta([s for s, _ in ctx.ok], "request_prompt_tokens")
-    p95 = histogram_quantile(0.95, prompts) if prompts is not None and prompts.count > 0 else None
-    current = ctx.flags.max_num_batched_tokens
-    if p95 is None and not current:
-        return None
-    need = (p95 or 0.0) + max_gauge(ctx, "num_requests_running")
-    return max(2 * (current or 0), 2 ** math.ceil(math.log2(max(need, 2.0))))
 
 
 def _queued_with_room(snap: Snapshot, unit: EngineKey | None, kv_low: float) -> bool:

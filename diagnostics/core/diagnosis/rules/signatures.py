@@ -5,6 +5,7 @@ the number that decided it. The rules call these and follow the cause named; not
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,18 +15,29 @@ from diagnostics.core.diagnosis.data_parallel import engines_of
 from diagnostics.core.diagnosis.latency import CHUNK_STEP_SHARE, chunk_only_steps
 from diagnostics.core.diagnosis.rules.common import exposes
 from diagnostics.core.metrics.catalog import EngineKey, Histogram, Snapshot
-from diagnostics.core.metrics.derive import Scrape, counter_step, histogram_delta, merge_histograms, restarted
+from diagnostics.core.metrics.derive import (
+    Scrape,
+    counter_step,
+    histogram_delta,
+    histogram_quantile,
+    merge_histograms,
+    restarted,
+)
 
 # A seat cap binds when running sits at it in at least this share of the scrapes with requests
 # waiting (the scheduler fills every seat while anything waits: only a request finishing between the
 # step and the scrape leaves one free).
 SEAT_HELD_SHARE = 0.5
 # With the cap not known, it is inferred only from a running count held this often (a seat cap binds
-# at nearly every scrape: 0.86-1.0 in the recorded queues at the cap, 0.50-0.53 where the token budget held).
+# at nearly every scrape: 0.86-1.0 in the tuned corpus's queues at the cap).
 SEAT_INFERRED_SHARE = 0.8
 # A token budget binds when CHUNK_STEP_SHARE of the engine steps taken while requests waited carried
-# only prompt chunks (vLLM 0.32: observed as 0 tokens), or, where a version observes each step's scheduled tokens, when they average this share of it.
+# only prompt chunks (vLLM 0.32: observed as 0 tokens), or, where a version observes each step's
+# scheduled tokens, when they average this share of a known budget ...
 BUDGET_FULL_SHARE = 0.75
+# ... and fewer than this share carrying chunks alone is prompts going in whole (an empty step now and
+# then is a step whose requests were aborted: 11 of 190 in a tuned-corpus queue at the seat cap).
+RARE_CHUNK_SHARE = 0.1
 # Served prompts this far under --max-model-len, and refused requests of fewer bytes than this share of
 # the limit in tokens (a token is at least one byte of the prompt's text), cannot be context refusals.
 CONTEXT_NEAR_SHARE = 0.5
@@ -41,10 +53,16 @@ class Waiting:
 
     scrapes: tuple[tuple[Scrape, Snapshot], ...]
     units: tuple[EngineKey | None, ...]
+    # The waiting gauge read 0 at every scrape while the request histograms say requests waited: the
+    # scrapes are then those with requests running, and waiting is taken as given at each.
+    blind: bool = False
 
     def waiting(self, snap: Snapshot, unit: EngineKey | None) -> float:
         by_reason = snap.by_label("num_requests_waiting_by_reason", unit) or {}
         return by_reason.get("capacity", snap.value("num_requests_waiting", unit) or 0.0)
+
+    def queued(self, snap: Snapshot, unit: EngineKey | None) -> bool:
+        return self.blind or self.waiting(snap, unit) > 0
 
 
 def waiting_units(ctx: Context) -> tuple[EngineKey | None, ...]:
@@ -72,35 +90,39 @@ def seat_cap_ruling(ctx: Context, w: Waiting) -> Ruling:
     caps = seat_caps(ctx, w.units)
     n = len(w.scrapes)
     at = sum(1 for _, snap in w.scrapes
-             if any(w.waiting(snap, u) > 0 and (snap.value("num_requests_running", u) or 0) >= caps[u] > 0
+             if any(w.queued(snap, u) and (snap.value("num_requests_running", u) or 0) >= caps[u] > 0
                     for u in w.units))
     peak = max((snap.value("num_requests_running", u) or 0.0) for _, snap in w.scrapes for u in w.units)
     low = min((snap.value("num_requests_running", u) or 0.0) for _, snap in w.scrapes for u in w.units)
     most = max(w.waiting(snap, u) for _, snap in w.scrapes for u in w.units)
+    upto = (f"up to {most:.0f} waited" if not w.blind else
+            "requests waited (the request histograms say so; the waiting gauge read 0)")
+    with_waiting = "with requests running" if w.blind else "with requests waiting"
     known = ctx.flags.max_num_seqs
     per = " per engine" if len(w.units) > 1 else ""
     held = at >= t.hist_cap_min_scrapes and at >= (SEAT_HELD_SHARE if known else SEAT_INFERRED_SHARE) * n
     if known:
         if held:
             return Ruling("seat_cap", "fits", f"running at the --max-num-seqs cap of {known}{per} in {at} of {n} "
-                                              "scrapes with requests waiting")
+                                              f"scrapes {with_waiting}")
         if peak < known:
             return Ruling("seat_cap", "ruled_out", f"running peaked at {peak:.0f} of --max-num-seqs {known}{per} "
-                                                   f"while up to {most:.0f} waited")
-        return Ruling("seat_cap", "unknown", f"running reached the cap of {known} in only {at} of {n} scrapes with "
-                                             "requests waiting")
+                                                   f"while {upto}")
+        return Ruling("seat_cap", "unknown", f"running reached the cap of {known} in only {at} of {n} scrapes "
+                                             f"{with_waiting}")
     cap = max(caps.values())
     if held:
         return Ruling("seat_cap", "fits", f"running held at {cap:.0f}{per} in {at} of {n} scrapes with requests "
                                           "waiting (the cap inferred from that count: --max-num-seqs is not known "
                                           "here)")
     if peak <= 0:
-        return Ruling("seat_cap", "ruled_out", f"nothing ran while up to {most:.0f} waited")
-    if n >= 3:
-        return Ruling("seat_cap", "ruled_out", f"running ranged {low:.0f}–{peak:.0f} while requests waited and held "
-                                               f"at no count (at {peak:.0f} in {at} of {n} scrapes): no seat cap was "
-                                               "reached")
-    return Ruling("seat_cap", "unknown", f"only {n} scrapes caught requests waiting")
+        return Ruling("seat_cap", "ruled_out", f"nothing ran while {upto}")
+    if n >= 3 and at < SEAT_HELD_SHARE * n:
+        return Ruling("seat_cap", "ruled_out", f"running ranged {low:.0f}–{peak:.0f} while requests waited, below its "
+                                               f"own peak in {n - at} of {n} scrapes: no seat cap held")
+    return Ruling("seat_cap", "unknown", f"running was at {peak:.0f}, the window's most, in {at} of {n} scrapes with "
+                                         "requests waiting: too rarely to infer a cap from it (--max-num-seqs is not "
+                                         "known here)")
 
 
 def _intervals_of(ctx: Context, w: Waiting) -> list[Histogram | None]:
@@ -155,9 +177,10 @@ def token_budget_ruling(ctx: Context, w: Waiting) -> Ruling:
     if budget and largest <= budget and mean >= BUDGET_FULL_SHARE * budget:
         return Ruling("token_budget", "fits", f"the engine's steps averaged {fmt_tokens(mean)} tokens against the "
                                               f"--max-num-batched-tokens budget of {fmt_tokens(budget)}")
-    if empty == 0:
-        return Ruling("token_budget", "ruled_out", f"every one of the {steps.count:,.0f} engine steps while requests "
-                                                   "waited produced tokens: prompts went in whole, not in chunks")
+    if empty < RARE_CHUNK_SHARE * steps.count:
+        return Ruling("token_budget", "ruled_out", f"{empty:,.0f} of the {steps.count:,.0f} engine steps while requests "
+                                                   "waited carried prompt chunks alone: prompts went in whole, not "
+                                                   "split by a budget")
     return Ruling("token_budget", "unknown", f"{empty:,.0f} of {steps.count:,.0f} steps carried only prompt chunks")
 
 
@@ -192,7 +215,64 @@ def waiting_differential(ctx: Context, w: Waiting) -> Differential:
         kv = Ruling("kv_full", "ruled_out", f"KV usage ≤ {usage * 100:.0f} % and no preemption while requests waited")
     else:
         kv = Ruling("kv_full", "unknown", f"KV usage up to {usage * 100:.0f} %: neither full nor clearly free")
-    return differential("waiting", (stall, asleep, deferred, kv, seat_cap_ruling(ctx, w), token_budget_ruling(ctx, w)))
+    seat, budget = seat_cap_ruling(ctx, w), token_budget_ruling(ctx, w)
+    others = (stall, asleep, deferred, kv, budget)
+    if seat.fit == "unknown" and w.scrapes and all(r.fit == "ruled_out" for r in others):
+        # vLLM admits a waiting request unless a seat, the token budget, KV blocks, a LoRA slot (deferred)
+        # or a paused engine stops it (Scheduler.schedule): with every other one ruled out, the seats.
+        seat = Ruling("seat_cap", "fits", f"by elimination ({seat.because}; every other admission limit ruled "
+                                          "out below)")
+    return differential("waiting", (stall, asleep, deferred, kv, seat, budget))
+
+
+def token_budget_target(ctx: Context) -> int | None:
+    """A --max-num-batched-tokens that holds a prompt of the window's p95 plus the running decodes in one
+    step: a power of two, at least twice the current budget (known or inferred)."""
+    prompts = histogram_delta([s for s, _ in ctx.ok], "request_prompt_tokens")
+    p95 = histogram_quantile(0.95, prompts) if prompts is not None and prompts.count > 0 else None
+    current = ctx.flags.max_num_batched_tokens
+    if p95 is None and not current:
+        return None
+    need = (p95 or 0.0) + max((snap.value("num_requests_running") or 0.0 for _, snap in ctx.ok), default=0.0)
+    return max(2 * (current or 0), 2 ** math.ceil(math.log2(max(need, 2.0))))
+
+
+
+# -- TTFT ---
+
+
+def waiting_in(ctx: Context, waited: bool = False) -> Waiting:
+    """Every good scrape with a request waiting (for capacity), on any engine; where none did and
+    ``waited`` (the request histograms say requests waited), every scrape with requests running, as
+    :attr:`Waiting.blind`."""
+    units = waiting_units(ctx)
+    probe = Waiting((), units)
+    seen = tuple((s, snap) for s, snap in ctx.ok if any(probe.waiting(snap, u) > 0 for u in units))
+    if seen or not waited:
+        return Waiting(seen, units)
+    busy = tuple((s, snap) for s, snap in ctx.ok if any((snap.value("num_requests_running", u) or 0) > 0 for u in units))
+    return Waiting(busy, units, blind=True)
+
+
+def prefill_differential(ctx: Context) -> Differential:
+    """Why TTFT is mostly prefill: preemption (recompute inside the prefill time), prompts split over
+    several steps by the token budget, or long prompts computed whole (no budget to raise)."""
+    t = ctx.thresholds
+    preempted = sum(iv.num_preemptions or 0.0 for iv in ctx.intervals)
+    rulings = [Ruling("preemption", "fits", f"{preempted:.0f} preemptions in the window") if preempted > 0 else
+               Ruling("preemption", "ruled_out", "no preemption in the window")]
+    whole = Waiting(ctx.ok, waiting_units(ctx))
+    budget = token_budget_ruling(ctx, whole)
+    rulings.append(Ruling("token_budget", budget.fit, budget.because.replace(" while requests waited", "")))
+    prompts = histogram_delta([s for s, _ in ctx.ok], "request_prompt_tokens")
+    p95 = histogram_quantile(0.95, prompts) if prompts is not None and prompts.count > 0 else None
+    if p95 is None:
+        rulings.append(Ruling("long_prompts", "unknown", "no prompt lengths counted"))
+    elif p95 >= t.hol_long_prompt_tokens:
+        rulings.append(Ruling("long_prompts", "fits", f"prompt p95 about {fmt_tokens(p95)} tokens"))
+    else:
+        rulings.append(Ruling("long_prompts", "ruled_out", f"prompt p95 about {fmt_tokens(p95)} tokens"))
+    return differential("ttft", rulings)
 
 
 # -- HTTP 4xx ----------------------------------------------------------------------------------------------
