@@ -109,6 +109,17 @@ def serve(check: Check, keep: Path) -> None:
         (keep / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
 
 
+def schedule(scrapes: list[Scrape]) -> str:
+    """What the engine did, whatever the host's speed: its steps (those of prompt chunks alone, iteration_tokens
+    ≤ 1, of all), and the most requests running and waiting at a scrape."""
+    steps = histogram_delta(scrapes, "iteration_tokens")
+    snaps = [s.snapshot for s in scrapes if s.snapshot is not None]
+    running = max((s.value("num_requests_running") or 0.0) for s in snaps) if snaps else 0.0
+    waiting = max((s.value("num_requests_waiting") or 0.0) for s in snaps) if snaps else 0.0
+    chunks = f"{steps.cumulative[0]:.0f}/{steps.count:.0f} steps" if steps is not None and steps.count else "no steps"
+    return f"{chunks}, ≤ {running:.0f} running, ≤ {waiting:.0f} waiting"
+
+
 def _fell(before: float | None, x: float | None) -> float | None:
     """The share the measure fell by from the unchanged re-run (negative: it rose)."""
     return None if x is None or before is None or before <= 0 else 1 - x / before
@@ -133,6 +144,10 @@ def report(keep: Path) -> None:
         helps = "·" if helped is None else ("yes" if helped >= HELP_SHARE else "NO") + f" ({-helped * 100:+.0f} %)"
         print(f"{check.case:30} {check.measure:20} {_fmt(recorded):>9} {_fmt(base):>11} {_fmt(after['usual']):>11} "
               f"{_fmt(after['cause']):>11}  {str(cause):16} {str(flag):24} {no_help:>14}  {helps}")
+        if check.read is mean_queue_seconds:
+            for variant in ("same", "usual", "cause"):
+                if (path := keep / f"{check.case}.{variant}.jsonl.gz").exists():
+                    print(f"{'':30} {variant:>6}: {schedule(_scrapes(path))}")
 
 
 def main() -> int:

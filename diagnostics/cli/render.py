@@ -9,6 +9,7 @@ from typing import Any
 
 from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Finding, KnownFlags, command_diff
+from diagnostics.core.diagnosis.causes import card_lines
 from diagnostics.core.diagnosis.outcomes import Outcomes, Share
 from diagnostics.core.fleet.table import FleetFinding, FleetRow
 from diagnostics.core.metrics.status import StatusReport
@@ -145,6 +146,9 @@ def render_findings(findings: list[Finding], flags: KnownFlags, outcomes: Outcom
             if s.prediction_note:
                 out.append(f"           predicted: {s.prediction_note}")
         out.append("         evidence: " + "; ".join(f"{label} {value}" for label, value in evidence_rows(f.evidence)))
+        if "symptom" in f.evidence:
+            named = card_lines(f.evidence).named
+            out.append(f"         cause: {named}" if named else "         cause: not identified (no flag is suggested)")
         for c in f.checks:
             out.append(f"         check: {c}")
     if quiet and outcomes is not None:

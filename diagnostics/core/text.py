@@ -96,8 +96,18 @@ def evidence_rows(evidence: dict[str, object]) -> list[tuple[str, str]]:
     ``_perc``, ``_bytes``, ``_ms``), which becomes ms or s, %, GiB; the JSON keeps the SI values."""
     rows = []
     for key, value in evidence.items():
-        if key.endswith("_bound"):
-            continue  # shown with its value ("< 10 ms")
+        if key.endswith("_bound") or key == "symptom":
+            continue  # shown with its value ("< 10 ms"); the symptom is the finding itself
+        if key == "cause":
+            rows.append(("cause", str(value).replace("_", " ") if value else "not identified"))
+            continue
+        if key == "causes" and isinstance(value, list):
+            # A differential's rulings, by verdict (the card's checks say each one's number).
+            by_fit = {fit: [str(r.get("cause", "")).replace("_", " ") for r in value
+                            if isinstance(r, dict) and r.get("fit") == fit] for fit in ("ruled_out", "unknown")}
+            rows += [(label, ", ".join(names)) for label, names in
+                     (("ruled out", by_fit["ruled_out"]), ("not checked", by_fit["unknown"])) if names]
+            continue
         text = _evidence_value(key, value)
         bound = evidence.get(key.removesuffix("_seconds") + "_bound") if key.endswith("_seconds") else None
         rows.append((_evidence_label(key), f"{bound} {text}" if bound else text))

@@ -11,6 +11,7 @@ import streamlit as st
 
 from diagnostics.core import whatif
 from diagnostics.core.diagnosis import Finding, KnownFlags, Suggestion, command_diff
+from diagnostics.core.diagnosis.causes import card_lines
 from diagnostics.core.diagnosis.knobs import KNOB_TABLE, KNOBS_BY_ID
 from diagnostics.core.figures.diagnose import finding_figure
 from diagnostics.core.figures.prediction import prediction_figure
@@ -182,8 +183,17 @@ def finding_card(finding: Finding, history: Sequence[Scrape], flags: KnownFlags,
         with right:
             rows = [{"evidence": label, "value": value} for label, value in evidence_rows(finding.evidence)]
             st.dataframe(pd.DataFrame(rows), hide_index=True, key=f"{key}-evidence")
-            if finding.checks:
-                st.markdown("**Check first**\n" + "\n".join(f"- {md_escape(c)}" for c in finding.checks))
+            card = card_lines(finding.evidence)
+            if "symptom" in finding.evidence:
+                st.markdown(f"**Cause** — {md_escape(card.named)}" if card.named else
+                            "**Cause not identified** — no flag is suggested.")
+            if card.ruled_out:
+                st.markdown("**Ruled out**\n" + "\n".join(f"- {md_escape(c.removeprefix('Not '))}"
+                                                          for c in card.ruled_out))
+            said = {*card.ruled_out, *card.unknown}
+            checks = [c for c in finding.checks if c not in said] + list(card.unknown)
+            if checks:
+                st.markdown("**Check first**\n" + "\n".join(f"- {md_escape(c)}" for c in checks))
             if finding.knobs:
                 st.caption("Knob table: " + ", ".join(KNOBS_BY_ID[k].symptom for k in finding.knobs))
 

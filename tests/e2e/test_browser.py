@@ -154,6 +154,36 @@ def test_a_cap_raise_past_what_the_window_ran_says_the_ttft_range_grows_the_api_
     expect(caption).to_contain_text("so the TTFT range also grows that share with the streams in flight")
 
 
+def test_a_queue_held_by_the_token_budget_is_named_with_the_seat_cap_ruled_out(page: Page, streamlit_url: str) -> None:
+    """Issue 41 on a real held-out recording: requests waited with seats free under --max-num-seqs 8 and
+    --max-num-batched-tokens 32. With the cap typed into the sidebar the card names the token budget,
+    lists the seat cap as ruled out by the running count's peak (read here from the recording), and
+    suggests no --max-num-seqs change."""
+    from diagnostics.recording import read_recording
+
+    recording = ROOT / "tests" / "fixtures" / "incidents" / "heldout" / "alt_queue_token_budget_h8.jsonl.gz"
+    peak = max((s.snapshot.value("num_requests_running") or 0) for s in read_recording(recording).scrapes()
+               if s.snapshot is not None)
+    page.goto(streamlit_url + "/Diagnose")
+    expect(page.get_by_text("Knob table").first).to_be_visible()
+    cap = page.get_by_role("spinbutton", name="--max-num-seqs (to draw the cap)")
+    cap.fill("8")
+    cap.press("Enter")
+    page.wait_for_timeout(1500)
+    page.get_by_text("a recording", exact=True).first.click()
+    page.locator('input[type="file"]').set_input_files(str(recording))
+    expect(page.get_by_text("Queueing at the token budget").first).to_be_visible()
+    expect(page.get_by_text("Ruled out", exact=True).first).to_be_visible()
+    expect(page.get_by_text(f"running peaked at {peak:.0f} of --max-num-seqs 8").first).to_be_visible()
+    expect(page.get_by_text("--max-num-batched-tokens 512").first).to_be_visible()
+    # The diff repeats the server's own --max-num-seqs 8; no other value of it is suggested anywhere.
+    expect(page.get_by_text(re.compile(r"--max-num-seqs (?!8\b)\d+"))).to_have_count(0)
+    page.wait_for_timeout(1000)
+    shoot(page, "diagnose-token-budget.png")
+    cap.fill("0")
+    cap.press("Enter")
+
+
 def test_paged_attention_and_capacity_pages(page: Page, streamlit_url: str) -> None:
     page.goto(streamlit_url + "/PagedAttention")
     expect(page.get_by_text("1 · Block size is a trade-off").first).to_be_visible()

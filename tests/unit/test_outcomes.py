@@ -132,7 +132,7 @@ def test_4xx_of_long_requests_raise_max_model_len_when_it_was_set_below_the_mode
     assert found.severity == "warning" and found.evidence["rejected"] == 15
     assert found.evidence["cause"] == "context_limit"
     assert [(s.flag, s.direction) for s in found.suggestions] == [("--max-model-len", "increase")]
-    assert "about 500 tokens each" in found.checks[0]
+    assert any("about 500 tokens each" in r["because"] for r in found.evidence["causes"])
 
 
 def test_4xx_of_short_requests_are_not_blamed_on_the_context_limit() -> None:
@@ -169,13 +169,13 @@ def test_4xx_prompts_at_the_models_own_maximum_are_trimmed_on_the_client() -> No
     """No --max-model-len in the log's non-default args: vLLM derived it from the model, so no flag."""
     found = outcome(refusals(20000), "requests_rejected", log_text=LOG_UNSET, max_model_len=2048)
     assert found.evidence["cause"] == "context_limit"
-    assert found.suggestions == () and found.checks[1].startswith("Trim on the client")
+    assert found.suggestions == () and found.checks[0].startswith("Trim on the client")
 
 
 def test_4xx_prompts_with_a_kv_cache_no_longer_than_the_context_are_trimmed_on_the_client() -> None:
     found = outcome(refusals(5000, pin=',kv_cache_size_tokens="512"'), "requests_rejected", max_model_len=512)
     assert found.evidence["cause"] == "context_limit"
-    assert found.suggestions == () and "KV cache holds 512 tokens" in found.checks[1]
+    assert found.suggestions == () and "KV cache holds 512 tokens" in found.checks[0]
 
 
 # -- given up -------------------------------------------------------------------------------------

@@ -99,11 +99,8 @@ class Differential:
 
     def checks(self) -> tuple[str, ...]:
         """The card's lines: each alternative ruled out and by what number, then what could not be told."""
-        out = [f"Not {self.symptom.cause(r.cause).name}: {r.because}." for r in self.ruled_out]
-        named = self.named
-        out += [f"Not checked here, {self.symptom.cause(r.cause).name}: {r.because}." for r in self.rulings
-                if r.fit == "unknown" and (named is None or r.cause != named.id)]
-        return tuple(out)
+        card = card_lines(self.evidence())
+        return (*card.ruled_out, *card.unknown)
 
     def evidence(self) -> dict[str, Any]:
         """``symptom``, ``cause`` (the id, None when not identified) and every ruling, for a finding's
@@ -122,6 +119,32 @@ def differential(symptom_id: str, rulings: Iterable[Ruling]) -> Differential:
         symptom.cause(cause_id)
     return Differential(symptom, tuple(given.get(c.id, Ruling(c.id, "unknown", "not checked by this rule"))
                                        for c in symptom.causes))
+
+
+@dataclass(frozen=True, slots=True)
+class CardLines:
+    """A differential in a card's words: why the named cause (None: "cause not identified"), each
+    alternative ruled out with its number, and what the window could not tell."""
+
+    named: str | None
+    ruled_out: tuple[str, ...]
+    unknown: tuple[str, ...]
+
+
+def card_lines(evidence: dict[str, Any]) -> CardLines:
+    """:class:`CardLines` from a finding's evidence (the page and the CLI say the same lines)."""
+    symptom = SYMPTOMS.get(evidence.get("symptom", ""))
+    if symptom is None:
+        return CardLines(None, (), ())
+    rulings = [r for r in evidence.get("causes", []) if isinstance(r, dict)]
+    named_id = evidence.get("cause")
+    named = next((f"{symptom.cause(r['cause']).name}: {r['because']}." for r in rulings if r["cause"] == named_id),
+                 None) if named_id else None
+    return CardLines(
+        named,
+        tuple(f"Not {symptom.cause(r['cause']).name}: {r['because']}." for r in rulings if r["fit"] == "ruled_out"),
+        tuple(f"Not checked here, {symptom.cause(r['cause']).name}: {r['because']}." for r in rulings
+              if r["fit"] == "unknown" and r["cause"] != named_id))
 
 
 def cause_knobs(evidence: dict[str, Any]) -> tuple[str, ...] | None:
@@ -184,10 +207,12 @@ SYMPTOMS: dict[str, Symptom] = _symptoms(
     )),
     Symptom("preemption", "Preemptions", ("kv_pressure",), (
         Cause("kv_pinned", "a KV cache pinned by --num-gpu-blocks-override / --kv-cache-memory-bytes",
-              "the pin set (cache_config_info, the startup args) and the cache full",
-              "neither flag set", ("cache_config_info", "kv_cache_usage_perc"), "preemption"),
-        Cause("kv_small", "a KV cache sized too small by --gpu-memory-utilization",
-              "KV usage full, no pin", "KV usage below 95 % at every scrape", ("kv_cache_usage_perc",), "preemption"),
+              "vLLM preempts only when allocate_slots finds no free block, and a pin sized the cache "
+              "(cache_config_info, the startup args)", "neither pin set", ("cache_config_info", "num_preemptions"),
+              "preemption"),
+        Cause("kv_small", "a KV cache sized by --gpu-memory-utilization",
+              "preemptions (no free block) with no pin: the utilization sized the cache",
+              "a pin set (it sized the cache instead)", ("cache_config_info", "num_preemptions"), "preemption"),
     )),
     Symptom("rejected_4xx", "Requests refused with HTTP 4xx", ("requests_rejected",), (
         Cause("context_limit", "prompts beyond --max-model-len",
@@ -246,5 +271,21 @@ def markdown(symptoms: Sequence[Symptom] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    sys.stdout.write(markdown())
+BEGIN, END = "<!-- causes:begin (generated: python -m diagnostics.core.diagnosis.causes --write) -->", "<!-- causes:end -->"
+
+
+def with_table(doc: str) -> str:
+    """``doc`` with the text between :data:`BEGIN` and :data:`END` replaced by :func:`markdown`."""
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{markdown()}{END}{tail}"
+
+
+if __name__ == "__main__":  # the file edge: print the table, or write it into docs/diagnosis.md
+    if sys.argv[1:] == ["--write"]:
+        from pathlib import Path
+
+        doc = Path(__file__).resolve().parents[3] / "docs" / "diagnosis.md"
+        doc.write_text(with_table(doc.read_text()))
+    else:
+        sys.stdout.write(markdown())

@@ -148,7 +148,7 @@ RULES: tuple[Rule, ...] = (
     # identified (its knobs follow the cause named: causes.cause_knobs).
     Rule("queue_at_cap", queueing.queue_at_cap, ("queue_at_cap",), ("queue-at-cap",), chart="num_requests_waiting",
          alert="VLLMQueueAtConcurrencyCap", scenario="queue_at_cap", absent="queueing", while_tokens_stopped=False,
-         overrides={"queue_token_budget": Stamp(("queue-token-budget",), "iteration_tokens"),
+         overrides={"queue_token_budget": Stamp(("queue-token-budget",), "num_requests_waiting"),
                     "requests_waiting": Stamp((), "num_requests_waiting")}),
     Rule("waiting_deferred", queueing.waiting_deferred, ("waiting_deferred",), ("deferred",),
          chart="num_requests_waiting", alert="VLLMRequestsDeferred", scenario="lora_deferred",

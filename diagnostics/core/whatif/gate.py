@@ -49,6 +49,8 @@ REPRODUCTION = Reproduction()
 AIMED: dict[str, tuple[str, ...]] = {
     "head_of_line_blocking": ("itl_p99_seconds",),
     "queue_at_cap": ("ttft_p95_seconds",),
+    # A larger token budget trades ITL (longer prefill steps) for TTFT: the replay must reproduce both.
+    "queue_token_budget": ("ttft_p95_seconds", "itl_p95_seconds"),
     "kv_pressure": ("preemptions_per_minute",),
     "slow_decode": ("itl_p95_seconds",),
     # TTFT findings and clients giving up (they wait): a cap, a token budget, more KV or prefix caching

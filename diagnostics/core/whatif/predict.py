@@ -8,10 +8,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from diagnostics.core.diagnosis.latency import CHUNK_STEP_SHARE, chunk_only_steps
 from diagnostics.core.diagnosis.types import KnownFlags
 from diagnostics.core.metrics.derive import Scrape, histogram_delta
 from diagnostics.core.whatif.calibrate import Calibration, calibrate
-from diagnostics.core.whatif.flags import Flags, apply, current_flags
+from diagnostics.core.whatif.flags import Flags, NotModelled, apply, current_flags
 from diagnostics.core.whatif.gate import DEFAULT_AIM, REPRODUCTION, Check, Reproduction, check
 from diagnostics.core.whatif.ranges import RANGES, Estimate, Ranges, estimates
 from diagnostics.core.whatif.replay import (
@@ -117,6 +118,9 @@ class Baseline:
     # long): the replay's own spread.
     spread: tuple[Outcome, ...] = ()
     ranges: Ranges = RANGES
+    # Flags the replay took at vLLM's default because neither the operator, the log nor the window
+    # said them: a change to one of these has no "before" to compare with.
+    assumed: tuple[str, ...] = ()
 
     @property
     def baseline_error(self) -> dict[str, float | None]:
@@ -133,7 +137,14 @@ class Baseline:
                 tolerance: Reproduction = REPRODUCTION) -> Prediction:
         """The window replayed under ``changes``, once the baseline reproduced it on ``aimed`` (the
         metrics the finding is about); when it did not, a prediction without after-values (the
-        change is not replayed). :class:`NotModelled` for a change not modelled."""
+        change is not replayed). :class:`NotModelled` for a change not modelled, or of a flag whose
+        current value was assumed (:attr:`assumed`)."""
+        for flag in changes:
+            if flag in self.assumed:
+                raise NotModelled(f"{flag}: its current value is not known here, so the replay has nothing to "
+                                  "compare the change with (vLLM 0.32's iteration_tokens counts a prompt in the step "
+                                  "that finishes it, so the budget cannot be read from the window): give it "
+                                  "(--max-num-batched-tokens on the CLI) for a prediction")
         after_flags = apply(self.flags, self.calibration, changes)
         checks = self.checks(aimed, tolerance)
         alternatives: list[Outcome] = []
@@ -215,15 +226,22 @@ def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0, ran
     spread += [replay(workload, calibration, flags, seed=s, itl_bounds=bounds["itl_bounds"], until=until,
                       ttft_bounds=bounds["ttft_bounds"]) for s in range(seed + (0 if short else 1),
                                                                        seed + max(1, ranges.seeds))]
-    return Baseline(workload, calibration, flags, before, recorded(ok), bounds, seed, tuple(spread), ranges)
+    # Prompts split over steps of chunks alone while the budget is not known: the budget is small and
+    # binds, so vLLM's default would be a wrong "before" (elsewhere the default stands, as it did).
+    steps = histogram_delta(ok, "iteration_tokens")
+    split = steps is not None and steps.count > 0 and chunk_only_steps(steps) >= CHUNK_STEP_SHARE * steps.count
+    assumed = ("--max-num-batched-tokens",) if split and not known.max_num_batched_tokens else ()
+    return Baseline(workload, calibration, flags, before, recorded(ok), bounds, seed, tuple(spread), ranges, assumed)
 
 
 def _largest_step(scrapes: Sequence[Scrape]) -> int | None:
     """The upper bound of the largest tokens-per-step bucket the window saw: vLLM never schedules
     more than --max-num-batched-tokens in a step, so when prompts longer than that were served they
-    were split at the budget (used only then, and only when the flag is not known)."""
+    were split at the budget (used only then, and only when the flag is not known). None where most
+    steps carried prompt chunks alone (observed as 0 tokens): vLLM 0.32 then counts each prompt in
+    the step that finishes it, so the largest observation is a whole prompt, not a step."""
     steps = histogram_delta(scrapes, "iteration_tokens")
-    if steps is None or not steps.count:
+    if steps is None or not steps.count or chunk_only_steps(steps) >= CHUNK_STEP_SHARE * steps.count:
         return None
     prev = 0.0
     top = None

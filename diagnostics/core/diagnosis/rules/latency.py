@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from diagnostics.core.diagnosis.causes import Ruling, differential
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, quantile_evidence, whole
@@ -160,6 +161,16 @@ def slow_decode(ctx: Context) -> list[Finding]:
                                       "Fewer KV bytes read per decode step, if accuracy allows."))
     rise = (f"; median ITL {fmt_ms_or_bound(low, first_bound)} → {fmt_ms_or_bound(high, first_bound)} as the "
             "batch grew" if low and high else "")
+    hol = (Ruling("head_of_line", "ruled_out", f"ITL p95 {fmt_latency(rest)} outside the intervals long prefills "
+                                               "explain, still over the budget")
+           if prof.head_of_line else Ruling("head_of_line", "ruled_out", "no ITL spike next to a large step"))
+    why_batch = (f"ITL p95 within {budget_ms:g} ms up to {defended} running" if defended is not None else
+                 "the median ITL rose with the running count" if prof.median_rises_with_batch else
+                 "the median ITL stayed flat across running counts")
+    diff = differential("itl", (hol, Ruling("batch_size", "fits" if batch_bound else "ruled_out", why_batch),
+                                Ruling("slow_steps", "ruled_out" if batch_bound else "fits",
+                                       "a smaller batch was within the budget" if batch_bound else
+                                       f"over {budget_ms:g} ms at the smallest batch seen")))
     return [
         Finding(
             id="slow_decode",
@@ -169,7 +180,7 @@ def slow_decode(ctx: Context) -> list[Finding]:
                       "itl_budget_ms": budget_ms, "peak_num_requests_running": peak,
                       "defended_num_requests_running": defended,
                       "itl_p50_at_low_running_seconds": low, "itl_p50_at_high_running_seconds": high,
-                      "median_rises_with_batch": prof.median_rises_with_batch},
+                      "median_rises_with_batch": prof.median_rises_with_batch, **diff.evidence()},
             suggestions=tuple(suggestions),
             checks=(
                 "First --max-num-seqs against the batch size your ITL budget defends; only then weigh "
@@ -177,6 +188,7 @@ def slow_decode(ctx: Context) -> list[Finding]:
                 "ITL is over budget even at the smallest batch seen: the model is slow per step on this "
                 "hardware, so fewer sequences alone will not meet the budget.",
                 "Rule out a CPU-bound host (GPU utilisation low while ITL is high).",
+                *diff.checks(),
             ),
             time_range=whole(ctx),
         )
@@ -244,7 +256,7 @@ def ttft(ctx: Context) -> list[Finding]:
             f"({queue * 1000:.0f} ms queued vs {prefill * 1000:.0f} ms prefill on average){cause}",
             evidence={**evidence, **diff.evidence()}, suggestions=suggestions,
             checks=("A capacity problem: see the queueing and KV-pressure findings for which resource is short.",
-                    *((f"Why {diff.named.name}: {diff.because()}.",) if diff.named else ()), *diff.checks()),
+                    *diff.checks()),
             time_range=whole(ctx),
         )]
     diff = prefill_differential(ctx)
@@ -266,6 +278,6 @@ def ttft(ctx: Context) -> list[Finding]:
         evidence={**evidence, **diff.evidence()}, suggestions=tuple(prefill_suggestions),
         checks=("Check the prefix-cache hit rate: shared system prompts should hit.",
                 "A larger prefill budget can raise ITL for running sequences (head-of-line blocking).",
-                *((f"Why {diff.named.name}: {diff.because()}.",) if diff.named else ()), *diff.checks()),
+                *diff.checks()),
         time_range=whole(ctx),
     )]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from diagnostics.core.diagnosis.causes import Differential, Ruling, differential
 from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, whole
 from diagnostics.core.diagnosis.types import Finding, KnownFlags, Suggestion, Thresholds
@@ -140,6 +141,7 @@ def kv_pressure(ctx: Context) -> list[Finding]:
     share = total / finished if finished >= t.kv_critical_min_finished else None
     severe = near_full and waiting > 0 and (total / seconds >= t.kv_critical_preemptions_per_second
                                             or (share is not None and share >= t.kv_critical_preempted_share))
+    diff = _sized_by(ctx, total)
     return [
         Finding(
             id="kv_pressure",
@@ -152,16 +154,36 @@ def kv_pressure(ctx: Context) -> list[Finding]:
                       "preemptions_per_finished_request": round(share, 3) if share is not None else None,
                       "max_kv_cache_usage_perc": max_usage, "max_num_requests_waiting": waiting,
                       "num_requests_running_at_onset": running_at_onset,
-                      "running_at_onset_basis": onset_basis, "episodes": len(found)},
+                      "running_at_onset_basis": onset_basis, "episodes": len(found), **diff.evidence()},
             suggestions=tuple(suggestions),
             checks=(
                 "Confirm preemptions line up with KV usage near 100 % on the chart (not a one-off burst).",
                 "Do not raise --max-num-seqs for this: more sequences need more blocks and preempt more.",
                 "Check the KV capacity against the workload (tokens per request × concurrency) before and after.",
+                *diff.checks(),
             ),
             time_range=(found[0][0], found[-1][1]),
         )
     ]
+
+
+def _sized_by(ctx: Context, preemptions: float) -> Differential:
+    """Which flag sized the cache that ran out: vLLM preempts only when ``allocate_slots`` finds no free
+    block, so the preemptions are the cache running out; a pin (--num-gpu-blocks-override or
+    --kv-cache-memory-bytes) sized it when set, --gpu-memory-utilization otherwise. The suggestions
+    (:func:`more_kv_capacity`) raise the flag named."""
+    flags = ctx.flags
+    pin = (f"--num-gpu-blocks-override {flags.num_gpu_blocks_override:,}" if flags.num_gpu_blocks_override else
+           f"--kv-cache-memory-bytes {flags.kv_cache_memory_bytes:,}" if flags.kv_cache_memory_bytes else None)
+    out = f"{preemptions:.0f} preemptions (vLLM preempts only when no KV block is free)"
+    if pin:
+        return differential("preemption", (Ruling("kv_pinned", "fits", f"{out}, in a cache pinned by {pin}"),
+                                           Ruling("kv_small", "ruled_out", f"{pin} sized the cache, not the utilization")))
+    util = f" {flags.gpu_memory_utilization:g}" if flags.gpu_memory_utilization else ""
+    return differential("preemption", (Ruling("kv_pinned", "ruled_out", "neither --num-gpu-blocks-override nor "
+                                                                         "--kv-cache-memory-bytes is set"),
+                                       Ruling("kv_small", "fits", f"{out}, in a cache sized by "
+                                                                  f"--gpu-memory-utilization{util}")))
 
 
 _SHARING_CHECKS = (

@@ -44,18 +44,24 @@ def requests_failed(ctx: Context) -> list[Finding]:
         return []
     errors = o.finished.get("error", 0.0)
     began, ended = o.failed_range  # when they failed, not the whole window
+    five = max(0.0, failed - errors)
+    diff = differential("failed", (
+        Ruling("engine_error", "fits" if errors else "ruled_out", f"{errors:,.0f} requests finished 'error'"),
+        Ruling("server_error", "fits" if five else "ruled_out", f"{five:,.0f} answered 5xx beside the engine errors")))
     return [Finding(
         id="requests_failed",
         severity="critical" if share >= t.failed_critical_share else "warning",
         title=f"{failed:,.0f} of {total:,.0f} requests failed on the server ({share * 100:.0f} %) in "
               f"{fmt_duration(o.seconds)}" + (f": {errors:,.0f} finished with an engine error" if errors else
                                                ": answered HTTP 5xx"),
-        evidence={"failed": failed, "failed_share_perc": share, "finished_error": errors, **_counts(o)},
+        evidence={"failed": failed, "failed_share_perc": share, "finished_error": errors, **diff.evidence(),
+                  **_counts(o)},
         checks=(
             "Read the server log around these requests: the API server logs the exception behind each 5xx "
             "(an engine error, an out-of-memory, a tokenizer or chat-template failure).",
             "No flag is known to fix an error the log has not named; a 5xx burst with the engine dead is the "
             "engine_died or server_down finding.",
+            *diff.checks(),
         ),
         time_range=(began, ended),
     )]
@@ -122,7 +128,8 @@ def requests_rejected(ctx: Context) -> list[Finding]:
         checks.append(trim)
     elif named.id == "model_not_served":
         served = ctx.flags.model
-        suggestions = (Suggestion("--served-model-name", "set", None,
+        # The name the clients send is in the 404's body, not in any series or log line: a placeholder.
+        suggestions = (Suggestion("--served-model-name", "set", f"{served} <the name the clients send>" if served else None,
                                   f"{diff.because()}: clients name a model the server does not serve"
                                   + (f" (it serves {served!r})" if served else "")
                                   + ". Add the name they send as an alias (--served-model-name takes several; the "
@@ -135,8 +142,6 @@ def requests_rejected(ctx: Context) -> list[Finding]:
         title = f"{head}: a parameter vLLM refuses (400)"
         checks.append("A client sends a parameter vLLM's validation refuses: the 400 body says which; no flag change "
                       "helps.")
-    if named is not None:
-        checks.insert(0, f"Why {named.name}: {diff.because()}.")
     return [Finding(
         id="requests_rejected",
         severity="warning",
