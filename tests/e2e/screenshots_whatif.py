@@ -31,6 +31,24 @@ def _recording(page: Page, url: str, recording: Path) -> None:
     page.locator('input[type="file"]').set_input_files(str(recording))
 
 
+def token_budget_card(page: Page, url: str) -> None:
+    """The held-out token-budget queue (issue 41) with the server's --max-num-seqs 8 typed into the
+    sidebar: the cause named, the seat cap ruled out by the running count, no --max-num-seqs change."""
+    page.goto(url + "/Diagnose")
+    expect(page.get_by_text("Knob table").first).to_be_visible()
+    cap = page.get_by_role("spinbutton", name="--max-num-seqs (to draw the cap)")
+    cap.fill("8")
+    cap.press("Enter")
+    page.wait_for_timeout(1500)
+    page.get_by_text("a recording", exact=True).first.click()
+    page.locator('input[type="file"]').set_input_files(str(INCIDENTS / "heldout" / "alt_queue_token_budget_h8.jsonl.gz"))
+    expect(page.get_by_text("Ruled out", exact=True).first).to_be_visible()
+    page.wait_for_timeout(2000)
+    section(page, "Queueing at the token budget", OUT / "diagnose-token-budget.png", 1060, above=30)
+    cap.fill("0")
+    cap.press("Enter")
+
+
 def main() -> int:
     env = dict(os.environ)
     env.pop("VLLM_URL", None)
@@ -56,6 +74,7 @@ def main() -> int:
         expect(page.get_by_text("so the TTFT range also grows that share").first).to_be_visible()
         page.wait_for_timeout(2000)
         section(page, "Predicted:", OUT / "diagnose-api-server-share.png", 600, above=460)
+        token_budget_card(page, url)
     return 0
 
 

@@ -102,10 +102,10 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
         return [Finding(
             id="queue_token_budget",
             severity="warning",
-            title=f"Queueing at the token budget: up to {peak_waiting:.0f} waiting{one} with seats free "
-            f"(--max-num-batched-tokens {budget:,} reached every step)" if budget else
-            f"Queueing at the token budget: up to {peak_waiting:.0f} waiting{one} with seats free, every engine step "
-            "full",
+            title=f"Queueing at the token budget: up to {peak_waiting:.0f} waiting{one} with seats free, prompts "
+            f"prefilled in chunks of --max-num-batched-tokens {budget:,}" if budget else
+            f"Queueing at the token budget: up to {peak_waiting:.0f} waiting{one} with seats free, prompts "
+            "prefilled in chunks",
             evidence={**evidence, "max_num_batched_tokens": budget},
             suggestions=(
                 Suggestion("--max-num-batched-tokens", "increase", value,
