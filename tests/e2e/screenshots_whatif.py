@@ -17,7 +17,7 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect
 
-from tests.e2e.shots import OUT, chromium_page, section
+from tests.e2e.shots import OUT, chromium_page, diagnose_with_cap, section
 from tests.e2e.streamlit_app import streamlit_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,14 +34,7 @@ def _recording(page: Page, url: str, recording: Path) -> None:
 def token_budget_card(page: Page, url: str) -> None:
     """The held-out token-budget queue (issue 41) with the server's --max-num-seqs 8 typed into the
     sidebar: the cause named, the seat cap ruled out by the running count, no --max-num-seqs change."""
-    page.goto(url + "/Diagnose")
-    expect(page.get_by_text("Knob table").first).to_be_visible()
-    cap = page.get_by_role("spinbutton", name="--max-num-seqs (to draw the cap)")
-    cap.fill("8")
-    cap.press("Enter")
-    page.wait_for_timeout(1500)
-    page.get_by_text("a recording", exact=True).first.click()
-    page.locator('input[type="file"]').set_input_files(str(INCIDENTS / "heldout" / "alt_queue_token_budget_h8.jsonl.gz"))
+    cap = diagnose_with_cap(page, url, INCIDENTS / "heldout" / "alt_queue_token_budget_h8.jsonl.gz", 8)
     expect(page.get_by_text("Ruled out", exact=True).first).to_be_visible()
     page.wait_for_timeout(2000)
     section(page, "Queueing at the token budget", OUT / "diagnose-token-budget.png", 1060, above=30)

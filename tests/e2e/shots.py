@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from PIL import Image
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Locator, Page, expect, sync_playwright
 
 from tests.e2e.conftest import CHROMIUM
 
@@ -73,3 +73,17 @@ def section(page: Page, text: str, path: Path, height: int, above: int = 60, exa
     page.screenshot(path=str(path), clip={"x": 0, "y": y, "width": viewport["width"],
                                           "height": min(height, viewport["height"] - y)})
     _small(path)
+
+
+def diagnose_with_cap(page: Page, url: str, recording: Path, cap: int) -> Locator:
+    """The Diagnose page on ``recording`` with ``cap`` typed into the sidebar's --max-num-seqs box (as an
+    operator who knows the server's flag does); the box, to set back to 0 after."""
+    page.goto(url + "/Diagnose")
+    expect(page.get_by_text("Knob table").first).to_be_visible()
+    box = page.get_by_role("spinbutton", name="--max-num-seqs (to draw the cap)")
+    box.fill(str(cap))
+    box.press("Enter")
+    page.wait_for_timeout(1500)
+    page.get_by_text("a recording", exact=True).first.click()
+    page.locator('input[type="file"]').set_input_files(str(recording))
+    return box

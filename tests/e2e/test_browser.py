@@ -14,6 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.conftest import wait_for
+from tests.e2e.shots import diagnose_with_cap
 from tests.integration import load
 from tests.integration.vllm_server import VllmServer
 
@@ -164,14 +165,7 @@ def test_a_queue_held_by_the_token_budget_is_named_with_the_seat_cap_ruled_out(p
     recording = ROOT / "tests" / "fixtures" / "incidents" / "heldout" / "alt_queue_token_budget_h8.jsonl.gz"
     peak = max((s.snapshot.value("num_requests_running") or 0) for s in read_recording(recording).scrapes()
                if s.snapshot is not None)
-    page.goto(streamlit_url + "/Diagnose")
-    expect(page.get_by_text("Knob table").first).to_be_visible()
-    cap = page.get_by_role("spinbutton", name="--max-num-seqs (to draw the cap)")
-    cap.fill("8")
-    cap.press("Enter")
-    page.wait_for_timeout(1500)
-    page.get_by_text("a recording", exact=True).first.click()
-    page.locator('input[type="file"]').set_input_files(str(recording))
+    cap = diagnose_with_cap(page, streamlit_url, recording, 8)
     expect(page.get_by_text("Queueing at the token budget").first).to_be_visible()
     expect(page.get_by_text("Ruled out", exact=True).first).to_be_visible()
     expect(page.get_by_text(f"running peaked at {peak:.0f} of --max-num-seqs 8").first).to_be_visible()
