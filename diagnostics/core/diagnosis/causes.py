@@ -243,7 +243,8 @@ SYMPTOMS: dict[str, Symptom] = _symptoms(
         Cause("client_timeout", "a client timeout shorter than an answer", "nothing waited (queue and TTFT p95 short)",
               "requests waited", ("request_queue_time_seconds", "time_to_first_token_seconds"), None),
     )),
-    Symptom("latency_change", "A latency change at the same load", ("latency_changed", "unexplained_change"), (
+    Symptom("latency_change", "A latency change or a throughput drop (tokens/s per running request) at the same load",
+            ("latency_changed", "unexplained_change"), (
         Cause("more_load", "more load", "prompt tokens/s, requests/s, prompt length or running up 1.5×",
               "every load measure within 1.5× of the early part", ("prompt_tokens", "time_to_first_token_seconds"),
               None),
