@@ -21,8 +21,9 @@ from diagnostics.core.diagnosis.causes import (
     with_table,
 )
 from diagnostics.core.diagnosis.knobs import KNOBS_BY_ID
-from diagnostics.core.metrics.derive import histogram_delta
+from diagnostics.core.metrics.derive import Scrape, histogram_delta
 from tests.fixtures.incidents.corpus import HELDOUT, Case, cases
+from tests.unit.synth import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 BY_NAME = {c.name: c for c in (*cases(), *cases(HELDOUT))}
@@ -125,8 +126,10 @@ def test_a_queue_held_by_the_token_budget_withholds_max_num_seqs(name: str) -> N
     top = next(f for f in fs if f.severity != "info")
     assert top.id == "queue_token_budget" and top.suggestions[0].flag == "--max-num-batched-tokens"
     assert fits(top)["token_budget"] == "fits" and fits(top)["kv_full"] == "ruled_out"
-    # The seats: running never above its own peak (2 here, against caps of 8 and 16 the server had).
-    assert _peak_running(name) == 2
+    # Running never above 2 (read from the recording) against the caps of 8 and 16 the server had: with the
+    # cap not known, a count held in so few waiting scrapes infers no cap, so the seats are not checked.
+    assert _peak_running(name) == 2 and fits(top)["seat_cap"] == "unknown"
+    assert "too rarely to infer a cap from it" in _because(top, "seat_cap")
     assert "head_of_line_blocking" not in [f.id for f in fs]
 
 
@@ -183,7 +186,10 @@ def test_a_change_with_the_cache_unchanged_stays_unexplained_and_says_the_cache_
     fs = findings("changed_itl_duty_mid")
     top = next(f for f in fs if f.severity != "info")
     assert top.id == "unexplained_change" and top.evidence["cause"] is None and top.suggestions == ()
-    assert fits(top)["prefix_cache_misses"] in ("ruled_out", "unknown")
+    # The recording's own counters: no prefix-cache hit in either part, 30-token prompts computed whole.
+    assert fits(top) == {"more_load": "ruled_out", "prefix_cache_misses": "ruled_out", "preemption": "ruled_out",
+                         "queueing": "ruled_out"}
+    assert "hit rate went 0 % → 0 %" in _because(top, "prefix_cache_misses")
 
 
 
@@ -206,3 +212,98 @@ def test_the_what_if_does_not_price_a_budget_it_cannot_read_from_the_window() ->
     assert known.flags.max_num_batched_tokens == 32
     known.predict({"--max-num-batched-tokens": "512"})  # replayed (or gated), not refused
     assert whatif.aimed_for(["queue_token_budget"]) == ("ttft_p95_seconds", "itl_p95_seconds")
+
+
+# -- the edges of the signatures (a sceptic's mutations): synthetic windows whose numbers are set here ----
+
+
+def _queue(at_cap: set[int], *, cap_run: float = 4, low: float = 2, chunk: float = 10) -> list[Scrape]:
+    """6 waiting from t = 2 (20 scrapes with requests waiting), KV 20 %; running ``cap_run`` at the seconds
+    in ``at_cap`` and ``low`` at the others; 50 engine steps a second, ``chunk`` of them of prompt chunks
+    alone (iteration_tokens ≤ 1), the rest 8 tokens."""
+    return [scrape(float(t), gen=100 * t, running=cap_run if t in at_cap else low, waiting=6 if t >= 2 else 0,
+                   usage=0.2, step_counts=[chunk * t, (50 - chunk) * t] + [0] * 12, step_sum=8.0 * (50 - chunk) * t)
+            for t in range(22)]
+
+
+def _top(fs: list[Finding]) -> Finding:
+    return next(f for f in fs if f.severity != "info")
+
+
+def _because(f: Finding, cause: str) -> str:
+    return next(r["because"] for r in f.evidence["causes"] if r["cause"] == cause)
+
+
+def test_a_cap_is_inferred_from_a_count_held_in_80_percent_of_the_waiting_scrapes_not_50() -> None:
+    """10 of 50 steps of chunks alone (20 %: the budget neither fits nor is ruled out, so nothing wins by
+    elimination): running at 4 in 16 of the 20 waiting scrapes infers the cap; in 10 of 20 it does not,
+    and no flag is given; with the cap of 4 known, 10 of 20 (half) is enough."""
+    held = _top(diagnose(prepare(_queue(set(range(6, 22))))))
+    assert held.id == "queue_at_cap" and "running held at 4 in 16 of 20" in _because(held, "seat_cap")
+    half = _top(diagnose(prepare(_queue(set(range(12, 22))))))
+    assert half.id == "requests_waiting" and half.suggestions == ()
+    assert fits(half)["seat_cap"] == "unknown" and fits(half)["token_budget"] == "unknown"
+    known = _top(diagnose(prepare(_queue(set(range(12, 22))), max_num_seqs=4)))
+    assert known.id == "queue_at_cap" and "cap of 4 in 10 of 20" in _because(known, "seat_cap")
+
+
+def test_a_known_cap_reached_in_a_quarter_of_the_waiting_scrapes_is_not_the_cause_by_elimination() -> None:
+    """--max-num-seqs 8 reached in 5 of 20 waiting scrapes (3 running the rest), 30 of 50 steps of chunks
+    alone: the budget is named, the seats stay 'not checked' (measured, not eliminated)."""
+    h = _queue({t for t in range(22) if t % 4 == 0}, cap_run=8, low=3, chunk=30)
+    top = _top(diagnose(prepare(h, max_num_seqs=8)))
+    assert top.id == "queue_token_budget" and fits(top)["seat_cap"] == "unknown"
+    no_chunks = _top(diagnose(prepare(_queue({t for t in range(22) if t % 4 == 0}, cap_run=8, low=3, chunk=0),
+                                      max_num_seqs=8)))
+    assert no_chunks.id == "requests_waiting" and no_chunks.suggestions == ()
+
+
+def test_running_below_its_peak_in_most_waiting_scrapes_rules_an_inferred_cap_out() -> None:
+    h = _queue({t for t in range(22) if t % 3 == 0}, cap_run=8, low=3, chunk=0)  # at 8 in 7 of the 20
+    top = _top(diagnose(prepare(h)))
+    assert top.id == "requests_waiting" and fits(top)["seat_cap"] == "ruled_out"
+    assert "below its own peak in 13 of 20" in _because(top, "seat_cap")
+
+
+@pytest.mark.parametrize(("chunk", "budget_fit"), [(4, "ruled_out"), (5, "unknown"), (25, "fits")])
+def test_the_share_of_chunk_only_steps_decides_the_budget(chunk: float, budget_fit: str) -> None:
+    """4 of 50 steps (8 %) of chunks alone is prompts going in whole; 5 (10 %) is not; 25 (half) is the
+    budget splitting them."""
+    top = _top(diagnose(prepare(_queue(set(), chunk=chunk), max_num_seqs=8)))
+    assert fits(top)["token_budget"] == budget_fit
+
+
+@pytest.mark.parametrize(("budget", "expected"), [(42, "queue_token_budget"), (43, "requests_waiting")])
+def test_steps_averaging_three_quarters_of_a_known_budget_fit(budget: int, expected: str) -> None:
+    """Steps of 32 tokens each (every one producing tokens: the scheduled-tokens reading of a later vLLM):
+    32 / 42 = 0.76 of the budget fits, 32 / 43 = 0.74 does not; the suggested budget is twice the current
+    one (no prompt lengths, 3 running: 2 × 42 = 84 over the 4 the p95-and-decodes rule would give)."""
+    h = [scrape(float(t), gen=10 * t, running=1 + t % 3, waiting=6 if t >= 2 else 0, usage=0.2,
+                step_counts=[0, 0, 0, 50 * t] + [0] * 10, step_sum=32.0 * 50 * t) for t in range(12)]
+    top = _top(diagnose(prepare(h, max_num_seqs=8, max_num_batched_tokens=budget)))
+    assert top.id == expected
+    if expected == "queue_token_budget":
+        assert top.suggestions[0].value == 2 * budget
+
+
+def test_a_differential_says_unknown_causes_apart_from_the_ruled_out() -> None:
+    diff = differential("waiting", [Ruling("seat_cap", "fits", "a"), Ruling("kv_full", "unknown", "KV 85 %")])
+    assert "Not the KV cache: KV 85 %." not in diff.checks()
+    assert "Not checked here, the KV cache: KV 85 %." in diff.checks()
+
+
+def test_ttft_queued_with_the_waiting_gauge_at_zero_names_the_seats_without_a_value() -> None:
+    """Queue time 0.6 s a request against 0.2 s of prefill while the waiting gauge read 0 and 8 ran at
+    every scrape: the seat cap (held at 8), and how many more is unknown — not the current cap as a value."""
+    h = [scrape(float(t), gen=100 * t, running=8, waiting=0, usage=0.3, ttft_counts=[0, 20 * t, 0],
+                queue_seconds=(12 * t, 20 * t), prefill_seconds=(4 * t, 20 * t), step_counts=[0, 50 * t] + [0] * 12,
+                step_sum=400.0 * t) for t in range(10)]
+    (f,) = [f for f in diagnose(prepare(h, budgets=Budgets(ttft_ms=500))) if f.id.startswith("ttft")]
+    assert f.id == "ttft_queue_dominated" and f.evidence["cause"] == "seat_cap"
+    assert [(s.flag, s.value) for s in f.suggestions] == [("--max-num-seqs", None)]
+
+
+def test_queue_rules_step_aside_when_the_kv_cache_is_what_holds_admission() -> None:
+    h = [scrape(float(t), gen=100 * t, running=4, waiting=6, usage=0.3, preempt=2 * t) for t in range(12)]
+    ids = {f.id for f in diagnose(prepare(h))}
+    assert "kv_pressure" in ids and not {"queue_at_cap", "queue_token_budget", "requests_waiting"} & ids

@@ -4,6 +4,7 @@ real recordings are judged in test_corpus.py)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -409,3 +410,66 @@ def test_the_failure_finding_spans_the_intervals_that_failed_not_the_window() ->
     assert found.severity == "warning" and found.evidence["failed"] == 50  # 50 of 190 requests: 26 %
     start = history[0].ts
     assert (found.time_range[0] - start, found.time_range[1] - start) == (9.0, 14.0)
+
+
+def _access(*codes: int) -> str:
+    return "".join(f'(APIServer pid=7) INFO:     127.0.0.1:5 - "POST /v1/completions HTTP/1.1" {c} X\n' for c in codes)
+
+
+def test_one_404_among_400s_is_not_an_unserved_model_name() -> None:
+    """14 of 15 access lines 400 (14 × 2 ≥ 15), one 404 (1 × 2 < 15), short refused requests: a bad
+    parameter, no flag."""
+    found = outcome(refusals(190), "requests_rejected", log_text=LOG_SET + _access(404, *[400] * 14),
+                    max_model_len=512)
+    assert found.evidence["cause"] == "bad_request" and found.suggestions == ()
+
+
+def test_half_the_4xx_as_404_is_enough_to_name_the_model() -> None:
+    found = outcome(refusals(190), "requests_rejected", log_text=LOG_SET + _access(*[404] * 5, *[401] * 5),
+                    max_model_len=512)
+    assert found.evidence["cause"] == "model_not_served"
+
+
+def test_400s_beside_long_refused_requests_may_be_the_context_limits() -> None:
+    found = outcome(refusals(5000), "requests_rejected", log_text=LOG_SET + _access(*[400] * 15), max_model_len=512)
+    causes = {r["cause"]: r for r in found.evidence["causes"]}
+    assert found.evidence["cause"] == "context_limit" and causes["bad_request"]["fit"] == "unknown"
+
+
+def _sized(bytes_of: list[float]) -> list[Scrape]:
+    """8 answered (20-token prompts) each second and, every other second, 3 refused, with the bytes the
+    generation handlers received each second as given."""
+    return cumulative([{"gen": 50, "http": (8, 3 * (t % 2), 0), "finished": (0, 8, 0, 0),
+                        "prompt_len_counts": [0, 0, 0, 0, 8] + [0] * 7, "request_bytes": b}
+                       for t, b in enumerate(bytes_of)])
+
+
+def test_a_size_fit_that_gives_refused_requests_no_bytes_judges_nothing() -> None:
+    """Seconds with refusals received fewer bytes than those without (1,300 against 1,600): the fit says
+    a refused request is negative bytes, which is no size; the card says the sizes do not separate them."""
+    found = outcome(_sized([1600 - 300 * (t % 2) for t in range(10)]), "requests_rejected", max_model_len=512)
+    ruling = next(r for r in found.evidence["causes"] if r["cause"] == "context_limit")
+    assert ruling["fit"] == "unknown" and "do not tell the refused requests from the served" in ruling["because"]
+
+
+def test_a_size_fit_on_two_intervals_judges_nothing() -> None:
+    found = outcome(_sized([1600 + 570 * (t % 2) for t in range(3)]), "requests_rejected", max_model_len=512)
+    assert next(r for r in found.evidence["causes"] if r["cause"] == "context_limit")["fit"] == "unknown"
+
+
+def test_refusals_in_nearly_every_interval_alike_do_not_give_a_size() -> None:
+    """100 answered and 10 refused (190 bytes each) every second, 11 in one, each second's bytes ±300
+    off (seeded): the counts barely vary apart, so the fit's standard error dwarfs the size (it said 393
+    bytes a refused request before the error was checked); no size is claimed, and nothing ruled out."""
+    rng = random.Random(1)
+    rows = [{"gen": 50, "http": (100, 10 + (t == 7), 0), "finished": (0, 100, 0, 0), "lengths": (2000, 5000, 100),
+             "request_bytes": 100 * 200 + (10 + (t == 7)) * 190 + rng.uniform(-300, 300)} for t in range(30)]
+    found = outcome(cumulative(rows), "requests_rejected", max_model_len=4096)
+    assert next(r for r in found.evidence["causes"] if r["cause"] == "context_limit")["fit"] == "unknown"
+
+
+def test_served_prompts_near_the_limit_confirm_it_without_sizes() -> None:
+    """No request sizes: served prompts in the (200, 500] bucket of a 512 limit reach half of it."""
+    history = seconds(10, http=(8, 3, 0), finished=(0, 8, 0, 0), prompt_len_counts=[0] * 8 + [8] + [0] * 3)
+    found = outcome(history, "requests_rejected", log_text=LOG_SET, max_model_len=512)
+    assert found.evidence["cause"] == "context_limit"

@@ -216,10 +216,11 @@ SYMPTOMS: dict[str, Symptom] = _symptoms(
     )),
     Symptom("rejected_4xx", "Requests refused with HTTP 4xx", ("requests_rejected",), (
         Cause("context_limit", "prompts beyond --max-model-len",
-              "the served prompts (request_prompt_tokens) reach half the limit, answers cut at it, or the log's "
-              "'maximum context length' errors",
-              "every served prompt under half the limit, no answer cut at it, no such line in the log",
-              ("request_prompt_tokens", "request_generation_tokens", "log"), "rejected"),
+              "the refused requests' size (http_request_size_bytes fitted against the 2xx and 4xx counts) at the "
+              "served prompts' bytes per token reaches half the limit; without it, served prompts that reach half "
+              "the limit or answers cut at it",
+              "the refused requests average fewer bytes than half the limit in tokens (a token is at least a byte)",
+              ("http_request_size_bytes", "http_requests_total", "request_prompt_tokens"), "rejected"),
         Cause("model_not_served", "a model name the server does not serve",
               "the server's access log shows the 4xx as 404 on a generation route",
               "the access log shows no 404 (or the 4xx as another code)", ("log",), "rejected-model-name"),

@@ -242,7 +242,9 @@ def ttft(ctx: Context) -> list[Finding]:
         elif named == "seat_cap":
             cap = flags.max_num_seqs or max_gauge(ctx, "num_requests_running")
             waiting = max_gauge(ctx, "num_requests_waiting")
-            suggestions = (Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap else None,
+            # The waiting gauge can read 0 at every scrape while the queue time says requests waited: how
+            # many is then unknown, so no value (cap + 0 would be the current cap, a change that changes nothing).
+            suggestions = (Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap and waiting else None,
                                       f"{diff.because().capitalize()}, with the KV cache ≤ {usage * 100:.0f} % full: "
                                       "requests wait for a seat."),)
         elif named == "token_budget":

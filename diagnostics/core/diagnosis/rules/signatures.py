@@ -41,6 +41,8 @@ RARE_CHUNK_SHARE = 0.1
 # Served prompts this far under --max-model-len, and refused requests of fewer bytes than this share of
 # the limit in tokens (a token is at least one byte of the prompt's text), cannot be context refusals.
 CONTEXT_NEAR_SHARE = 0.5
+# The refused requests' fitted size is used only when its standard error is within this share of it.
+REFUSED_BYTES_REL_ERROR = 0.25
 
 
 def fmt_tokens(n: float) -> str:
@@ -217,9 +219,11 @@ def waiting_differential(ctx: Context, w: Waiting) -> Differential:
         kv = Ruling("kv_full", "unknown", f"KV usage up to {usage * 100:.0f} %: neither full nor clearly free")
     seat, budget = seat_cap_ruling(ctx, w), token_budget_ruling(ctx, w)
     others = (stall, asleep, deferred, kv, budget)
-    if seat.fit == "unknown" and w.scrapes and all(r.fit == "ruled_out" for r in others):
+    if (seat.fit == "unknown" and w.scrapes and not ctx.flags.max_num_seqs
+            and all(r.fit == "ruled_out" for r in others)):
         # vLLM admits a waiting request unless a seat, the token budget, KV blocks, a LoRA slot (deferred)
-        # or a paused engine stops it (Scheduler.schedule): with every other one ruled out, the seats.
+        # or a paused engine stops it (Scheduler.schedule): with every other one ruled out, the seats. Only
+        # for a cap inferred: a known one is measured, and running under it while requests wait is no seat cap.
         seat = Ruling("seat_cap", "fits", f"by elimination ({seat.because}; every other admission limit ruled "
                                           "out below)")
     return differential("waiting", (stall, asleep, deferred, kv, seat, budget))
@@ -321,6 +325,13 @@ def request_bytes(ctx: Context) -> RequestBytes | None:
     refused_bytes = (sbr * saa - sba * sar) / det
     if refused_bytes <= 0 or answered_bytes <= 0:
         return None
+    # The fit must pin the refused requests' size: its standard error (the residuals' variance times
+    # the inverse normal matrix's entry) within REFUSED_BYTES_REL_ERROR of it. Counts that nearly vary
+    # together (refusals in every interval alike) give a determinant clear of 0 and a size far off.
+    residual = sum((size - answered_bytes * a - refused_bytes * r) ** 2 for size, a, r in rows)
+    variance = residual / max(1, len(rows) - 2) * saa / det
+    if variance > (REFUSED_BYTES_REL_ERROR * refused_bytes) ** 2:
+        return None
     return RequestBytes(refused_bytes, answered_bytes, len(rows))
 
 
@@ -361,7 +372,10 @@ def context_limit_ruling(ctx: Context) -> Ruling:
     if longest is not None and longest >= CONTEXT_NEAR_SHARE * m:
         return Ruling("context_limit", "fits", f"served prompts reached the {fmt_tokens(longest)}-token bucket of "
                                                f"--max-model-len {fmt_tokens(m)}")
-    size = "the request sizes are not exported" if fit is None else "the refused requests' size is not conclusive"
+    exported = any(_bytes(snap) is not None for _, snap in ctx.ok)
+    size = ("the request sizes are not exported" if not exported else
+            "the request sizes do not tell the refused requests from the served" if fit is None else
+            "the refused requests' size is not conclusive")
     return Ruling("context_limit", "unknown",
                   f"{size}; served prompts ≤ {fmt_tokens(longest)} tokens of {fmt_tokens(m)}" if longest else size)
 
