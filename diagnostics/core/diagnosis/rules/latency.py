@@ -164,10 +164,17 @@ def slow_decode(ctx: Context) -> list[Finding]:
     hol = (Ruling("head_of_line", "ruled_out", f"ITL p95 {fmt_latency(rest)} outside the intervals long prefills "
                                                "explain, still over the budget")
            if prof.head_of_line else Ruling("head_of_line", "ruled_out", "no ITL spike next to a large step"))
-    why_batch = (f"ITL p95 within {budget_ms:g} ms up to {defended} running" if defended is not None else
-                 "the median ITL rose with the running count" if prof.median_rises_with_batch else
-                 "the median ITL stayed flat across running counts")
-    diff = differential("itl", (hol, Ruling("batch_size", "fits" if batch_bound else "ruled_out", why_batch),
+    if batch_bound:
+        batch = Ruling("batch_size", "fits", f"ITL p95 within {budget_ms:g} ms up to {defended} running"
+                       if defended is not None else "the median ITL rose with the running count")
+    elif peak <= 2:
+        batch = Ruling("batch_size", "ruled_out", f"at most {peak:.0f} ran: there is no smaller batch worth trying")
+    elif low is None or high is None:
+        batch = Ruling("batch_size", "unknown", "the running count did not vary twofold, so no smaller batch was seen")
+    else:
+        batch = Ruling("batch_size", "ruled_out", f"the median ITL stayed flat ({fmt_ms_or_bound(low, first_bound)} → "
+                                                  f"{fmt_ms_or_bound(high, first_bound)}) as the running count doubled")
+    diff = differential("itl", (hol, batch,
                                 Ruling("slow_steps", "ruled_out" if batch_bound else "fits",
                                        "a smaller batch was within the budget" if batch_bound else
                                        f"over {budget_ms:g} ms at the smallest batch seen")))

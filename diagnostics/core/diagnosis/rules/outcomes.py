@@ -195,7 +195,9 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
         rulings = [Ruling("stalled", "fits", "tokens stopped while they waited (the stall finding)")]
         cause = "tokens stopped while they waited (the stall finding): no capacity change helps"
     elif not waited:
-        rulings = [Ruling("client_timeout", "fits", f"no request waited ({wait_words or 'no queue or TTFT counted'})")]
+        nothing = f"no request waited ({wait_words or 'no queue or TTFT counted'})"
+        rulings = [Ruling("client_timeout", "fits", nothing),
+                   Ruling("seat_cap", "ruled_out", f"{nothing}: no seat was waited for")]
         cause = "no request waited in the queue: their timeout is shorter than an answer takes"
     elif usage >= t.kv_full_perc:
         rulings = [Ruling("kv_full", "fits", f"KV usage up to {usage * 100:.0f} % while requests waited")]
