@@ -22,11 +22,12 @@ from diagnostics.core.diagnosis.causes import (
 )
 from diagnostics.core.diagnosis.knobs import KNOBS_BY_ID
 from diagnostics.core.metrics.derive import Scrape, histogram_delta
-from tests.fixtures.incidents.corpus import HELDOUT, Case, cases
+from tests.fixtures.incidents.corpus import HELDOUT, Case, cases, labels
 from tests.unit.synth import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 BY_NAME = {c.name: c for c in (*cases(), *cases(HELDOUT))}
+BY_NAME_LABELS = labels(HELDOUT)
 
 
 def findings(name: str, budgets: Budgets | None = None) -> list[Finding]:
@@ -307,3 +308,22 @@ def test_queue_rules_step_aside_when_the_kv_cache_is_what_holds_admission() -> N
     h = [scrape(float(t), gen=100 * t, running=4, waiting=6, usage=0.3, preempt=2 * t) for t in range(12)]
     ids = {f.id for f in diagnose(prepare(h))}
     assert "kv_pressure" in ids and not {"queue_at_cap", "queue_token_budget", "requests_waiting"} & ids
+
+
+def test_give_ups_on_a_timeout_shorter_than_an_answer_withhold_max_num_seqs() -> None:
+    """Non-streaming 1,200-token answers against a 1.5 s client timeout on a server with 128 seats: every
+    answer given up, nothing waited; the seats are ruled out and no flag is given."""
+    fs = findings("alt_gave_up_timeout_h3")
+    top = next(f for f in fs if f.severity != "info")
+    assert top.id == "clients_gave_up" and top.evidence["cause"] == "client_timeout" and top.suggestions == ()
+    assert fits(top)["seat_cap"] == "ruled_out" and ("--max-num-seqs", "increase") not in advice(fs)
+    # The clients' own record: every request ended by their timeout (labels.json, what the load generator saw).
+    clients = BY_NAME_LABELS["alt_gave_up_timeout_h3"]["clients"]
+    assert clients["ok"] == 0 and clients["by_status"] == {"-1": clients["requests"]}
+
+
+def test_a_budget_inside_the_first_itl_bucket_is_said_not_judged() -> None:
+    fs = findings("alt_slow_decode_small_batch_h8")
+    (said,) = [f for f in fs if f.id == "itl_budget_below_buckets"]
+    assert said.severity == "info" and "4 ms budget sits inside vLLM's first ITL bucket" in said.title
+    assert not [f for f in fs if f.severity != "info"]

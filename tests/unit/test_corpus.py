@@ -43,6 +43,10 @@ KNOWN_MISSES = {
     # rules one out. With the flag known (8, 16) it is ruled out: running peaked at 2.
     "alt_queue_token_budget_h8": "alternatives: seat_cap not ruled out (unknown)",
     "alt_queue_token_budget_wide": "alternatives: seat_cap not ruled out (unknown)",
+    # Held-out (issue 41). The recipe's 4 ms ITL budget sits inside vLLM's first inter_token_latency bucket
+    # (10 ms): the clients saw 5.9 ms median gaps, but every server-side gap reads "< 10 ms", so the budget
+    # cannot be judged; the diagnosis says so (itl_budget_below_buckets, info) and is quiet.
+    "alt_slow_decode_small_batch_h8": "top: expected slow_decode, got quiet",
 }
 
 

@@ -167,6 +167,9 @@ def _contexts() -> dict[str, Context]:
         "head_of_line": prepare(hol_history(2000), budgets=Budgets(itl_ms=5)),
         "slow_decode": prepare(slow, budgets=Budgets(itl_ms=5)),
         "itl_budget_unset": prepare(slow),
+        # Every gap ≤ 10 ms (the first bucket) under a 4 ms budget: not judged, and said.
+        "itl_budget_below_buckets": prepare([scrape(float(t), gen=100 * t, running=2, itl_counts=[50 * t] + [0] * 13,
+                                                    itl_sum=0.005 * 50 * t) for t in range(10)], budgets=Budgets(itl_ms=4)),
         "ttft_queue": prepare(_ttft(0.6, 0.2), budgets=Budgets(ttft_ms=500)),
         "ttft_prefill": prepare(_ttft(0.1, 0.7), budgets=Budgets(ttft_ms=500)),
         "sharing_disabled": prepare(sampled),

@@ -163,7 +163,8 @@ RULES: tuple[Rule, ...] = (
     Rule("slow_decode", latency.slow_decode, ("slow_decode",), ("decode-slow",), chart="inter_token_latency_seconds",
          alert="VLLMDecodeOverITLBudget", scenario="slow_decode", absent="decode_speed",
          # No budget, nothing judged: the finding only says so.
-         overrides={"itl_budget_unset": Stamp((), None)}, while_tokens_stopped=False),
+         overrides={"itl_budget_unset": Stamp((), None), "itl_budget_below_buckets": Stamp((), None)},
+         while_tokens_stopped=False),
     # The GPU itself (NVML or dcgm-exporter readings): no vLLM flag for a throttled clock, capacity for a busy one.
     Rule("gpu_throttled", gpu.gpu_throttled, ("gpu_throttled",), ("gpu-throttled",), chart=None, alert=None,
          scenario="gpu_thermal_throttle"),

@@ -144,6 +144,16 @@ def slow_decode(ctx: Context) -> list[Finding]:
                         evidence=quantile_evidence("itl_p95", overall),
                         checks=("Pass --itl-budget-ms (CLI) or set the budget on the Diagnose page.",))]
     rest = quantile_estimate(0.95, prof.outside_blocking())
+    if rest is not None and rest.bound == "below" and budget_ms / 1000 < rest.upper:
+        # The budget sits inside the histogram's first bucket: "< 10 ms" can be over 4 ms or not. Said, not
+        # judged (silence would read as "within budget").
+        return [Finding(id="itl_budget_below_buckets", severity="info",
+                        title=f"ITL p95 is {fmt_latency(rest)}: a {budget_ms:g} ms budget sits inside vLLM's first "
+                        "ITL bucket, so the histograms cannot say whether decode meets it",
+                        evidence={**quantile_evidence("itl_p95", rest), "itl_budget_ms": budget_ms},
+                        checks=("Measure it on the client (the Probe page times every token gap), or set a budget "
+                                f"of at least {rest.upper * 1000:g} ms (vLLM's first inter_token_latency bound; "
+                                "--custom-histogram-buckets changes the bounds in vLLM 0.32+).",))]
     if rest is None or not rest.over(budget_ms / 1000):
         return []
     defended = defended_batch(prof.intervals, budget_ms / 1000)
