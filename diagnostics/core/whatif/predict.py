@@ -10,6 +10,7 @@ from typing import Any
 
 from diagnostics.core.diagnosis.latency import CHUNK_STEP_SHARE, chunk_only_steps
 from diagnostics.core.diagnosis.types import KnownFlags
+from diagnostics.core.metrics.catalog import Histogram
 from diagnostics.core.metrics.derive import Scrape, histogram_delta
 from diagnostics.core.whatif.calibrate import Calibration, calibrate
 from diagnostics.core.whatif.flags import Flags, NotModelled, apply, current_flags
@@ -196,8 +197,12 @@ def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0, ran
         raise ValueError("cannot calibrate the simulated engine: it needs engine steps while requests run and "
                          "the KV block budget (vllm:cache_config_info num_gpu_blocks, block_size)")
     longest_prompt = max(v for v, _ in workload.prompt.values())
-    if not known.max_num_batched_tokens:
-        split_at = _largest_step(ok)
+    # vLLM 0.32 counts a prompt in the step that finishes it: where most steps carried prompt chunks alone
+    # (observed as 0 tokens), the largest observation is a whole prompt, and the budget is small and binds.
+    steps = histogram_delta(ok, "iteration_tokens")
+    chunked = steps is not None and steps.count > 0 and chunk_only_steps(steps) >= CHUNK_STEP_SHARE * steps.count
+    if not known.max_num_batched_tokens and not chunked:
+        split_at = _largest_step(steps)
         queued = max((s.snapshot.value("num_requests_waiting") or 0.0 for s in ok if s.snapshot is not None), default=0.0)
         if split_at is not None and (longest_prompt > split_at or (
                 queued >= 1 and split_at >= 1024 and longest_prompt >= split_at / 2)):
@@ -226,22 +231,17 @@ def baseline(scrapes: Sequence[Scrape], known: KnownFlags, *, seed: int = 0, ran
     spread += [replay(workload, calibration, flags, seed=s, itl_bounds=bounds["itl_bounds"], until=until,
                       ttft_bounds=bounds["ttft_bounds"]) for s in range(seed + (0 if short else 1),
                                                                        seed + max(1, ranges.seeds))]
-    # Prompts split over steps of chunks alone while the budget is not known: the budget is small and
-    # binds, so vLLM's default would be a wrong "before" (elsewhere the default stands, as it did).
-    steps = histogram_delta(ok, "iteration_tokens")
-    split = steps is not None and steps.count > 0 and chunk_only_steps(steps) >= CHUNK_STEP_SHARE * steps.count
-    assumed = ("--max-num-batched-tokens",) if split and not known.max_num_batched_tokens else ()
+    # Chunked with the budget not known: vLLM's default would be a wrong "before" (elsewhere it stands).
+    assumed = ("--max-num-batched-tokens",) if chunked and not known.max_num_batched_tokens else ()
     return Baseline(workload, calibration, flags, before, recorded(ok), bounds, seed, tuple(spread), ranges, assumed)
 
 
-def _largest_step(scrapes: Sequence[Scrape]) -> int | None:
-    """The upper bound of the largest tokens-per-step bucket the window saw: vLLM never schedules
-    more than --max-num-batched-tokens in a step, so when prompts longer than that were served they
-    were split at the budget (used only then, and only when the flag is not known). None where most
-    steps carried prompt chunks alone (observed as 0 tokens): vLLM 0.32 then counts each prompt in
-    the step that finishes it, so the largest observation is a whole prompt, not a step."""
-    steps = histogram_delta(scrapes, "iteration_tokens")
-    if steps is None or not steps.count or chunk_only_steps(steps) >= CHUNK_STEP_SHARE * steps.count:
+def _largest_step(steps: Histogram | None) -> int | None:
+    """The upper bound of the largest tokens-per-step bucket the window saw (``steps``: its
+    iteration_tokens): vLLM never schedules more than --max-num-batched-tokens in a step, so when
+    prompts longer than that were served they were split at the budget (used only then, only when the
+    flag is not known, and only where steps are not of chunks alone: see :func:`baseline`)."""
+    if steps is None or not steps.count:
         return None
     prev = 0.0
     top = None

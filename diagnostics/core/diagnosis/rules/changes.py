@@ -19,6 +19,7 @@ from typing import Any
 
 from diagnostics.core.diagnosis.causes import Differential, Ruling, differential
 from diagnostics.core.diagnosis.context import Context, Interval
+from diagnostics.core.diagnosis.rules.common import mean_from
 from diagnostics.core.diagnosis.types import Finding
 from diagnostics.core.metrics.catalog import Histogram
 from diagnostics.core.metrics.derive import Quantile, merge_histograms, quantile_estimate
@@ -245,8 +246,7 @@ def _computed_per_request(ivs: Sequence[Interval]) -> float | None:
 
 
 def _mean_queue(ivs: Sequence[Interval]) -> float | None:
-    hist = merge_histograms([iv.queue_time for iv in ivs])
-    return hist.sum / hist.count if hist is not None and hist.count > 0 and math.isfinite(hist.sum) else None
+    return mean_from(merge_histograms([iv.queue_time for iv in ivs]))
 
 
 # A hit rate falling to this share of the early part's (or less), with the prompt tokens computed per

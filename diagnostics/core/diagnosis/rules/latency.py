@@ -12,6 +12,7 @@ from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, quantile_evidence, whole
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
 from diagnostics.core.diagnosis.rules.signatures import (
+    largest_step_bound,
     prefill_differential,
     token_budget_target,
     waiting_differential,
@@ -118,14 +119,8 @@ def _pow2_floor(x: float) -> int:
 def _largest_step(iv: IntervalItl) -> float:
     """The largest engine step of the interval in tokens: the upper bound of the highest populated
     iteration_tokens bucket (its lower bound when that is +Inf), else the computed prefill tokens."""
-    hist = iv.steps
-    if hist is None:
-        return iv.computed_prefill_tokens
-    populated = [i for i, (c, prev) in enumerate(zip(hist.cumulative, (0.0, *hist.cumulative))) if c > prev]
-    if not populated:
-        return iv.computed_prefill_tokens
-    k = populated[-1]
-    return hist.bounds[k] if k < len(hist.bounds) - 1 else hist.bounds[max(0, k - 1)]
+    top = largest_step_bound(iv.steps) if iv.steps is not None else None
+    return iv.computed_prefill_tokens if top is None else top
 
 
 def slow_decode(ctx: Context) -> list[Finding]:

@@ -218,13 +218,13 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
                        "elsewhere, instead of a wait it abandons."),
         )
     elif diff.named is not None and diff.named.id == "token_budget":
-        rulings = [Ruling("seat_cap", diff.ruling("seat_cap").fit, diff.ruling("seat_cap").because)]
+        rulings = [diff.ruling("seat_cap")]
         cause = "requests queued behind prompts split at the token budget, with seats free"
         suggestions = (Suggestion("--max-num-batched-tokens", "increase", token_budget_target(ctx),
                                   f"{diff.because().capitalize()}: a larger budget admits them before their clients "
                                   "give up."),)
     else:
-        rulings = [Ruling("seat_cap", diff.ruling("seat_cap").fit, diff.ruling("seat_cap").because)]
+        rulings = [diff.ruling("seat_cap")]
         cause = "cause not identified (they waited, but neither the seat cap nor the KV cache held them)"
     gave = differential("gave_up", rulings + _gave_up_rest(ctx, rulings, waited, usage, wait_words))
     return [Finding(

@@ -12,6 +12,7 @@ from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, 
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
 from diagnostics.core.diagnosis.rules.signatures import (
     Waiting,
+    capacity_waiting,
     seat_caps,
     token_budget_target,
     waiting_differential,
@@ -135,20 +136,16 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
 
 def _queued_with_room(snap: Snapshot, unit: EngineKey | None, kv_low: float) -> bool:
     """Requests waiting for capacity while the KV cache has room, on one engine (or the whole server)."""
-    by_reason = snap.by_label("num_requests_waiting_by_reason", unit) or {}
-    waiting = by_reason.get("capacity", snap.value("num_requests_waiting", unit) or 0)
     usage = snap.value("kv_cache_usage_perc", unit)
-    return waiting > 0 and (usage is None or usage < kv_low)
+    return capacity_waiting(snap, unit) > 0 and (usage is None or usage < kv_low)
 
 
 def _queued_at_cap(snap: Snapshot, unit: EngineKey | None, cap: float, kv_low: float) -> bool:
     """Requests waiting for capacity while running sits at ``cap`` and the KV cache has room, on one
     engine (or, with ``unit`` None, the whole server)."""
-    by_reason = snap.by_label("num_requests_waiting_by_reason", unit) or {}
-    waiting = by_reason.get("capacity", snap.value("num_requests_waiting", unit) or 0)
     usage = snap.value("kv_cache_usage_perc", unit)
     running = snap.value("num_requests_running", unit) or 0
-    return waiting > 0 and cap > 0 and running >= cap and (usage is None or usage < kv_low)
+    return capacity_waiting(snap, unit) > 0 and cap > 0 and running >= cap and (usage is None or usage < kv_low)
 
 
 @dataclass(frozen=True, slots=True)

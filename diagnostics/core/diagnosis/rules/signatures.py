@@ -13,7 +13,7 @@ from diagnostics.core.diagnosis.causes import Differential, Ruling, differential
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.data_parallel import engines_of
 from diagnostics.core.diagnosis.latency import CHUNK_STEP_SHARE, chunk_only_steps
-from diagnostics.core.diagnosis.rules.common import exposes
+from diagnostics.core.diagnosis.rules.common import exposes, mean_from
 from diagnostics.core.metrics.catalog import EngineKey, Histogram, Snapshot
 from diagnostics.core.metrics.derive import (
     Scrape,
@@ -49,6 +49,13 @@ def fmt_tokens(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def capacity_waiting(snap: Snapshot, unit: EngineKey | None) -> float:
+    """Requests waiting for capacity on one engine (or, with ``unit`` None, the server): the
+    ``capacity`` reason where vLLM splits waiting by reason (0.20+), else every waiting request."""
+    by_reason = snap.by_label("num_requests_waiting_by_reason", unit) or {}
+    return by_reason.get("capacity", snap.value("num_requests_waiting", unit) or 0.0)
+
+
 @dataclass(frozen=True, slots=True)
 class Waiting:
     """The scrapes in which requests waited (the ones a waiting rule judges), per engine unit."""
@@ -59,12 +66,8 @@ class Waiting:
     # scrapes are then those with requests running, and waiting is taken as given at each.
     blind: bool = False
 
-    def waiting(self, snap: Snapshot, unit: EngineKey | None) -> float:
-        by_reason = snap.by_label("num_requests_waiting_by_reason", unit) or {}
-        return by_reason.get("capacity", snap.value("num_requests_waiting", unit) or 0.0)
-
     def queued(self, snap: Snapshot, unit: EngineKey | None) -> bool:
-        return self.blind or self.waiting(snap, unit) > 0
+        return self.blind or capacity_waiting(snap, unit) > 0
 
 
 def waiting_units(ctx: Context) -> tuple[EngineKey | None, ...]:
@@ -96,7 +99,7 @@ def seat_cap_ruling(ctx: Context, w: Waiting) -> Ruling:
                     for u in w.units))
     peak = max((snap.value("num_requests_running", u) or 0.0) for _, snap in w.scrapes for u in w.units)
     low = min((snap.value("num_requests_running", u) or 0.0) for _, snap in w.scrapes for u in w.units)
-    most = max(w.waiting(snap, u) for _, snap in w.scrapes for u in w.units)
+    most = max(capacity_waiting(snap, u) for _, snap in w.scrapes for u in w.units)
     upto = (f"up to {most:.0f} waited" if not w.blind else
             "requests waited (the request histograms say so; the waiting gauge read 0)")
     with_waiting = "with requests running" if w.blind else "with requests waiting"
@@ -159,8 +162,7 @@ def token_budget_ruling(ctx: Context, w: Waiting) -> Ruling:
         return Ruling("token_budget", "unknown", "no iteration_tokens over the scrapes with requests waiting")
     empty = chunk_only_steps(steps)
     share = empty / steps.count
-    prompts = histogram_delta([s for s, _ in w.scrapes], "request_prompt_tokens")
-    prompt = prompts.sum / prompts.count if prompts is not None and prompts.count > 0 else None
+    prompt = mean_from(histogram_delta([s for s, _ in w.scrapes], "request_prompt_tokens"))
     budget = ctx.flags.max_num_batched_tokens
     of = (f" of --max-num-batched-tokens {fmt_tokens(budget)}" if budget else
           " (--max-num-batched-tokens is not known here)")
@@ -241,7 +243,6 @@ def token_budget_target(ctx: Context) -> int | None:
     return max(2 * (current or 0), 2 ** math.ceil(math.log2(max(need, 2.0))))
 
 
-
 # -- TTFT ---
 
 
@@ -250,8 +251,7 @@ def waiting_in(ctx: Context, waited: bool = False) -> Waiting:
     ``waited`` (the request histograms say requests waited), every scrape with requests running, as
     :attr:`Waiting.blind`."""
     units = waiting_units(ctx)
-    probe = Waiting((), units)
-    seen = tuple((s, snap) for s, snap in ctx.ok if any(probe.waiting(snap, u) > 0 for u in units))
+    seen = tuple((s, snap) for s, snap in ctx.ok if any(capacity_waiting(snap, u) > 0 for u in units))
     if seen or not waited:
         return Waiting(seen, units)
     busy = tuple((s, snap) for s, snap in ctx.ok if any((snap.value("num_requests_running", u) or 0) > 0 for u in units))
@@ -349,7 +349,7 @@ def context_limit_ruling(ctx: Context) -> Ruling:
     if m is None:
         return Ruling("context_limit", "unknown", "--max-model-len is not known here")
     fit = request_bytes(ctx)
-    served = prompts.sum / prompts.count if prompts is not None and prompts.count > 0 else None
+    served = mean_from(prompts)
     if fit is not None:
         at_most = fit.refused_bytes / m
         if at_most < CONTEXT_NEAR_SHARE:
