@@ -1,8 +1,8 @@
 """Causes against the real thing (issue 41): for each held-out alternative (tests/fixtures/incidents/
-heldout/RECIPES.md 17-22), serve again twice with the same workload and seed as the recording — once
+heldout/RECIPES.md 17-22 and 25-32), serve again twice with the same workload and seed as the recording — once
 with the *usual* cause's knob changed (it must not help) and once with the *named* cause's knob
 changed (it must help) — and compare the symptom's measure, fixed in the recipe before recording:
-the requests answered 4xx, or the mean queue time — each against a re-run with the recording's own
+the requests answered 4xx, the mean queue time or TTFT or ITL, the preemptions, give-ups or 503s — each against a re-run with the recording's own
 flags beside them (the control: the host's load moves it too). The diagnosis of the original recording
 says which cause it names and which knob follows; this script only serves and measures. Prints a
 table; asserts nothing. Recordings are kept (``--keep DIR``) and judged again without a server
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diagnostics.core.diagnosis import diagnose, prepare  # noqa: E402
 from diagnostics.core.diagnosis.outcomes import outcomes_of  # noqa: E402
+from diagnostics.core.diagnosis.types import Budgets  # noqa: E402
 from diagnostics.core.metrics.derive import Scrape, histogram_delta  # noqa: E402
 from diagnostics.recording import read_recording  # noqa: E402
 from tests.fixtures.incidents.corpus import HELDOUT, labels  # noqa: E402
@@ -50,6 +51,34 @@ def mean_queue_seconds(scrapes: list[Scrape]) -> float | None:
     return hist.sum / hist.count if hist is not None and hist.count > 0 else None
 
 
+def mean_ttft_seconds(scrapes: list[Scrape]) -> float | None:
+    hist = histogram_delta(scrapes, "time_to_first_token_seconds")
+    return hist.sum / hist.count if hist is not None and hist.count > 0 else None
+
+
+def mean_itl_seconds(scrapes: list[Scrape]) -> float | None:
+    hist = histogram_delta(scrapes, "inter_token_latency_seconds")
+    return hist.sum / hist.count if hist is not None and hist.count > 0 else None
+
+
+def preemptions(scrapes: list[Scrape]) -> float | None:
+    """Preemptions counted over the run (each run is a fresh server, so the counter starts at 0)."""
+    seen = [v for s in scrapes if s.snapshot is not None and (v := s.snapshot.value("num_preemptions")) is not None]
+    return seen[-1] - seen[0] if len(seen) >= 2 else None
+
+
+def _outcomes(scrapes: list[Scrape]):  # noqa: ANN202 (the core's Outcomes)
+    return outcomes_of(tuple((s, s.snapshot) for s in scrapes if s.snapshot is not None), None)
+
+
+def gave_up(scrapes: list[Scrape]) -> float | None:
+    return _outcomes(scrapes).gave_up
+
+
+def shed(scrapes: list[Scrape]) -> float | None:
+    return _outcomes(scrapes).shed
+
+
 @dataclass(frozen=True)
 class Check:
     """One recipe's re-runs: the measure, the usual knob's flags and the named cause's."""
@@ -57,7 +86,7 @@ class Check:
     case: str
     measure: str
     read: Callable[[list[Scrape]], float | None]
-    usual: tuple[str, ...]
+    usual: tuple[str, ...] | None  # None: the symptom's usual reading has no knob (a 5xx: read the log)
     # None: the cause has no knob (nothing to serve). alt_rejected_bad_param_wide is not here: its cause
     # has no knob and its model is already at its own 2,048-token maximum, so the usual knob cannot rise.
     cause: tuple[str, ...] | None
@@ -72,6 +101,23 @@ CHECKS = (
     Check("alt_queue_token_budget_wide", "mean queue time (s)", mean_queue_seconds,
           ("--max-num-seqs", "32", "--max-num-batched-tokens", "48"),
           ("--max-num-seqs", "16", "--max-num-batched-tokens", "1024")),
+    # The third set (RECIPES.md 25-32).
+    Check("alt_ttft_long_prompts_h3", "mean TTFT (s)", mean_ttft_seconds, ("--max-num-batched-tokens", "8192"), None),
+    Check("alt_ttft_long_prompts_wide", "mean TTFT (s)", mean_ttft_seconds, ("--max-num-batched-tokens", "8192"),
+          None),
+    Check("alt_preempt_blocks_h8", "preemptions", preemptions,
+          ("--num-gpu-blocks-override", "10", "--max-model-len", "1024", "--gpu-memory-utilization", "0.95"),
+          ("--num-gpu-blocks-override", "40", "--max-model-len", "1024")),
+    Check("alt_preempt_kvbytes_h3", "preemptions", preemptions,
+          ("--kv-cache-memory-bytes", "1769472", "--max-model-len", "1024", "--gpu-memory-utilization", "0.95"),
+          ("--kv-cache-memory-bytes", "7077888", "--max-model-len", "1024")),
+    Check("alt_gave_up_token_budget_h3", "give-ups", gave_up,
+          ("--max-num-batched-tokens", "16", "--max-num-seqs", "512"), ("--max-num-batched-tokens", "2048")),
+    Check("alt_slow_decode_one_wide", "mean ITL (s)", mean_itl_seconds, ("--max-num-seqs", "1"), None),
+    Check("alt_failed_queued_reqs_wide", "503s shed", shed, None,
+          ("--max-num-seqs", "32", "--max-num-queued-reqs", "64")),
+    Check("alt_failed_queued_tokens_h3", "503s shed", shed, None,
+          ("--max-num-seqs", "32", "--max-num-queued-tokens", "20000")),
 )
 
 
@@ -84,7 +130,9 @@ def named(case: str) -> tuple[str | None, str | None]:
     label = labels(HELDOUT)[case]
     rec = read_recording(str(HELDOUT / label["file"]))
     log = (HELDOUT / label["log"]).read_text() if label.get("log") else None
-    findings = [f for f in diagnose(prepare(list(rec.scrapes()), info=rec.info(), log_text=log)) if f.severity != "info"]
+    budgets = Budgets(**label.get("budgets", {}))
+    findings = [f for f in diagnose(prepare(list(rec.scrapes()), info=rec.info(), log_text=log, budgets=budgets))
+                if f.severity != "info"]
     if not findings:
         return None, None
     first = findings[0]
@@ -132,8 +180,12 @@ def _fmt(x: float | None) -> str:
 def report(keep: Path) -> None:
     print(f"{'case':30} {'measure':20} {'recorded':>9} {'same flags':>11} {'usual knob':>11} {'cause knob':>11}  "
           "named cause / flag                        usual no help   cause helps")
+    recorded_cases = labels(HELDOUT)
     for check in CHECKS:
-        label = labels(HELDOUT)[check.case]
+        label = recorded_cases.get(check.case)
+        if label is None:
+            print(f"{check.case:30} not recorded")
+            continue
         recorded = check.read(_scrapes(HELDOUT / label["file"]))
         after = {v: check.read(_scrapes(p)) if (p := keep / f"{check.case}.{v}.jsonl.gz").exists() else None
                  for v in ("same", "usual", "cause")}
@@ -144,7 +196,7 @@ def report(keep: Path) -> None:
         helps = "·" if helped is None else ("yes" if helped >= HELP_SHARE else "NO") + f" ({-helped * 100:+.0f} %)"
         print(f"{check.case:30} {check.measure:20} {_fmt(recorded):>9} {_fmt(base):>11} {_fmt(after['usual']):>11} "
               f"{_fmt(after['cause']):>11}  {str(cause):16} {str(flag):24} {no_help:>14}  {helps}")
-        if check.read is mean_queue_seconds:
+        if check.read in (mean_queue_seconds, gave_up):
             for variant in ("same", "usual", "cause"):
                 if (path := keep / f"{check.case}.{variant}.jsonl.gz").exists():
                     print(f"{'':30} {variant:>6}: {schedule(_scrapes(path))}")

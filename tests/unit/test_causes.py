@@ -120,18 +120,34 @@ def _peak_running(name: str) -> float:
     return max((s.snapshot.value("num_requests_running") or 0.0) for s in BY_NAME[name].scrapes if s.snapshot)
 
 
+RECIPE_FLAGS = {"alt_queue_token_budget_h8": (8, 32), "alt_queue_token_budget_wide": (16, 48)}  # RECIPES.md 19, 20
+
+
 @pytest.mark.parametrize("name", ["alt_queue_token_budget_h8", "alt_queue_token_budget_wide"])
 def test_a_queue_held_by_the_token_budget_withholds_max_num_seqs(name: str) -> None:
+    """With neither flag known (no log), the queue is said with no cause and no flag: the seats cannot be
+    inferred from a count held so rarely, and vLLM 0.32's iteration_tokens cannot show a split (it counts a
+    split prompt whole). With the flags the server ran, typed in, the budget is named: 400 / 700-token
+    prompts against 32 / 48 tokens, the seats ruled out by the running peak."""
     fs = findings(name)
-    assert ("--max-num-seqs", "increase") not in advice(fs)
+    assert ("--max-num-seqs", "increase") not in advice(fs) and "head_of_line_blocking" not in [f.id for f in fs]
     top = next(f for f in fs if f.severity != "info")
-    assert top.id == "queue_token_budget" and top.suggestions[0].flag == "--max-num-batched-tokens"
-    assert fits(top)["token_budget"] == "fits" and fits(top)["kv_full"] == "ruled_out"
+    assert top.id == "requests_waiting" and top.suggestions == () and top.evidence["cause"] is None
+    assert fits(top)["token_budget"] == "unknown" and fits(top)["kv_full"] == "ruled_out"
     # Running never above 2 (read from the recording) against the caps of 8 and 16 the server had: with the
     # cap not known, a count held in so few waiting scrapes infers no cap, so the seats are not checked.
     assert _peak_running(name) == 2 and fits(top)["seat_cap"] == "unknown"
     assert "too rarely to infer a cap from it" in _because(top, "seat_cap")
-    assert "head_of_line_blocking" not in [f.id for f in fs]
+    cap, budget = RECIPE_FLAGS[name]
+    case = BY_NAME[name]
+    known = diagnose(prepare(case.scrapes, info=case.info, max_num_seqs=cap, max_num_batched_tokens=budget))
+    top = next(f for f in known if f.severity != "info")
+    assert top.id == "queue_token_budget" and top.suggestions[0].flag == "--max-num-batched-tokens"
+    assert top.suggestions[0].value is not None and top.suggestions[0].value > budget
+    prompt = histogram_delta(list(case.scrapes), "request_prompt_tokens")
+    assert prompt is not None and prompt.sum / prompt.count > budget  # the recording's own prompts
+    assert fits(top)["token_budget"] == "fits" and fits(top)["seat_cap"] == "ruled_out"
+    assert ("--max-num-seqs", "increase") not in advice(known)
 
 
 @pytest.mark.parametrize("name", ["alt_queue_token_budget_h8", "alt_queue_token_budget_wide"])
@@ -151,12 +167,14 @@ def test_a_queue_at_the_seat_cap_still_raises_max_num_seqs() -> None:
     top = next(f for f in fs if f.severity != "info")
     assert top.id == "queue_at_cap" and (top.suggestions[0].flag, top.suggestions[0].direction) == (
         "--max-num-seqs", "increase")
-    assert fits(top)["seat_cap"] == "fits" and fits(top)["token_budget"] == "ruled_out"
+    assert fits(top)["seat_cap"] == "fits" and fits(top)["token_budget"] != "fits"
 
 
 def test_ttft_over_budget_from_a_token_budget_queue_withholds_max_num_seqs() -> None:
-    """A 1 s TTFT budget on the token-budget queue: the TTFT finding follows the same cause."""
-    fs = findings("alt_queue_token_budget_h8", Budgets(ttft_ms=1000))
+    """A 1 s TTFT budget on the token-budget queue, the server's --max-num-seqs 8 typed in: the seats
+    ruled out (running peaked at 2), the budget is the limit left, and the TTFT finding follows it."""
+    case = BY_NAME["alt_queue_token_budget_h8"]
+    fs = diagnose(prepare(case.scrapes, info=case.info, budgets=Budgets(ttft_ms=1000), max_num_seqs=8))
     (ttft,) = [f for f in fs if f.id.startswith("ttft_")]
     assert ("--max-num-seqs", "increase") not in advice(fs)
     assert ttft.suggestions and ttft.suggestions[0].flag == "--max-num-batched-tokens"
@@ -198,8 +216,8 @@ def test_a_change_with_the_cache_unchanged_stays_unexplained_and_says_the_cache_
 
 
 def test_the_what_if_does_not_price_a_budget_it_cannot_read_from_the_window() -> None:
-    """vLLM 0.32's iteration_tokens counts a prompt in the step that finishes it: on the token-budget
-    queue most steps read 0 tokens, so the largest observation (a whole prompt) is no budget. With the
+    """vLLM 0.32's iteration_tokens counts a prompt whole in the step that finishes it: on the token-budget
+    queue the largest observation (a whole prompt) is no budget. With the
     budget unknown a change to it has no "before" and gets no prediction; given (32, the recipe's), it
     is replayed."""
     from diagnostics.core import whatif
@@ -218,12 +236,14 @@ def test_the_what_if_does_not_price_a_budget_it_cannot_read_from_the_window() ->
 # -- the edges of the signatures (a sceptic's mutations): synthetic windows whose numbers are set here ----
 
 
-def _queue(at_cap: set[int], *, cap_run: float = 4, low: float = 2, chunk: float = 10) -> list[Scrape]:
+def _queue(at_cap: set[int], *, cap_run: float = 4, low: float = 2, prompt: float = 400) -> list[Scrape]:
     """6 waiting from t = 2 (20 scrapes with requests waiting), KV 20 %; running ``cap_run`` at the seconds
-    in ``at_cap`` and ``low`` at the others; 50 engine steps a second, ``chunk`` of them of prompt chunks
-    alone (iteration_tokens ≤ 1), the rest 8 tokens."""
+    in ``at_cap`` and ``low`` at the others; two requests a second finish with ``prompt``-token prompts;
+    50 engine steps a second observed, 10 of them at one token (vLLM 0.32 observes only steps that emit
+    a token, so these say nothing of a split)."""
     return [scrape(float(t), gen=100 * t, running=cap_run if t in at_cap else low, waiting=6 if t >= 2 else 0,
-                   usage=0.2, step_counts=[chunk * t, (50 - chunk) * t] + [0] * 12, step_sum=8.0 * (50 - chunk) * t)
+                   usage=0.2, step_counts=[10 * t, 40 * t] + [0] * 12, step_sum=8.0 * 40 * t,
+                   lengths=(prompt * 2 * t, 8 * 2 * t, 2 * t))
             for t in range(22)]
 
 
@@ -236,42 +256,54 @@ def _because(f: Finding, cause: str) -> str:
 
 
 def test_a_cap_is_inferred_from_a_count_held_in_80_percent_of_the_waiting_scrapes_not_50() -> None:
-    """10 of 50 steps of chunks alone (20 %: the budget neither fits nor is ruled out, so nothing wins by
-    elimination): running at 4 in 16 of the 20 waiting scrapes infers the cap; in 10 of 20 it does not,
+    """The budget not known (so not checked): running at 4 in 16 of the 20 waiting scrapes infers the cap;
+    in 10 of 20 it does not, neither the seats nor the budget is ruled out, nothing wins by elimination
     and no flag is given; with the cap of 4 known, 10 of 20 (half) is enough."""
     held = _top(diagnose(prepare(_queue(set(range(6, 22))))))
     assert held.id == "queue_at_cap" and "running held at 4 in 16 of 20" in _because(held, "seat_cap")
     half = _top(diagnose(prepare(_queue(set(range(12, 22))))))
     assert half.id == "requests_waiting" and half.suggestions == ()
     assert fits(half)["seat_cap"] == "unknown" and fits(half)["token_budget"] == "unknown"
+    assert "--max-num-batched-tokens is not known here" in _because(half, "token_budget")
     known = _top(diagnose(prepare(_queue(set(range(12, 22))), max_num_seqs=4)))
     assert known.id == "queue_at_cap" and "cap of 4 in 10 of 20" in _because(known, "seat_cap")
 
 
 def test_a_known_cap_reached_in_a_quarter_of_the_waiting_scrapes_is_not_the_cause_by_elimination() -> None:
-    """--max-num-seqs 8 reached in 5 of 20 waiting scrapes (3 running the rest), 30 of 50 steps of chunks
-    alone: the budget is named, the seats stay 'not checked' (measured, not eliminated)."""
-    h = _queue({t for t in range(22) if t % 4 == 0}, cap_run=8, low=3, chunk=30)
-    top = _top(diagnose(prepare(h, max_num_seqs=8)))
+    """--max-num-seqs 8 reached in 5 of 20 waiting scrapes (3 running the rest): the seats stay 'not
+    checked' (measured, not eliminated). 400-token prompts over a known 256-token budget name the budget;
+    within a 512-token one they rule it out, and nothing is named."""
+    h = _queue({t for t in range(22) if t % 4 == 0}, cap_run=8, low=3)
+    top = _top(diagnose(prepare(h, max_num_seqs=8, max_num_batched_tokens=256)))
     assert top.id == "queue_token_budget" and fits(top)["seat_cap"] == "unknown"
-    no_chunks = _top(diagnose(prepare(_queue({t for t in range(22) if t % 4 == 0}, cap_run=8, low=3, chunk=0),
-                                      max_num_seqs=8)))
-    assert no_chunks.id == "requests_waiting" and no_chunks.suggestions == ()
+    assert "prompts averaged 400 tokens against the --max-num-batched-tokens budget of 256" in _because(
+        top, "token_budget")
+    within = _top(diagnose(prepare(h, max_num_seqs=8, max_num_batched_tokens=512)))
+    assert within.id == "requests_waiting" and within.suggestions == ()
+    assert fits(within)["token_budget"] == "ruled_out"
 
 
 def test_running_below_its_peak_in_most_waiting_scrapes_rules_an_inferred_cap_out() -> None:
-    h = _queue({t for t in range(22) if t % 3 == 0}, cap_run=8, low=3, chunk=0)  # at 8 in 7 of the 20
+    """At 8 in 7 of the 20 waiting scrapes, 3 the rest: no seat cap held. With the KV cache, deferral,
+    a stall and sleep ruled out too, the token budget is the one admission limit left (by elimination);
+    with a budget known to hold the prompts, nothing is left and no flag is given."""
+    h = _queue({t for t in range(22) if t % 3 == 0}, cap_run=8, low=3)
     top = _top(diagnose(prepare(h)))
-    assert top.id == "requests_waiting" and fits(top)["seat_cap"] == "ruled_out"
-    assert "below its own peak in 13 of 20" in _because(top, "seat_cap")
+    assert fits(top)["seat_cap"] == "ruled_out" and "below its own peak in 13 of 20" in _because(top, "seat_cap")
+    assert top.id == "queue_token_budget" and _because(top, "token_budget").startswith("by elimination")
+    held = _top(diagnose(prepare(h, max_num_batched_tokens=2048)))
+    assert held.id == "requests_waiting" and held.suggestions == () and fits(held)["token_budget"] == "ruled_out"
 
 
-@pytest.mark.parametrize(("chunk", "budget_fit"), [(4, "ruled_out"), (5, "unknown"), (25, "fits")])
-def test_the_share_of_chunk_only_steps_decides_the_budget(chunk: float, budget_fit: str) -> None:
-    """4 of 50 steps (8 %) of chunks alone is prompts going in whole; 5 (10 %) is not; 25 (half) is the
-    budget splitting them."""
-    top = _top(diagnose(prepare(_queue(set(), chunk=chunk), max_num_seqs=8)))
-    assert fits(top)["token_budget"] == budget_fit
+@pytest.mark.parametrize(("budget", "budget_fit"), [(256, "fits"), (400, "ruled_out"), (None, "fits")])
+def test_a_known_budget_is_judged_against_the_prompts_and_an_unknown_one_by_elimination(
+        budget: int | None, budget_fit: str) -> None:
+    """400-token prompts, running at most 4 of a known cap of 8: a 256-token budget splits them (fits), a
+    400-token one holds them (ruled out: the prompt mean equal to the budget still fits in one step);
+    unknown, the seats ruled out leave the budget by elimination."""
+    top = _top(diagnose(prepare(_queue(set()), max_num_seqs=8, max_num_batched_tokens=budget)))
+    assert fits(top)["seat_cap"] == "ruled_out" and fits(top)["token_budget"] == budget_fit
+    assert ("by elimination" in _because(top, "token_budget")) is (budget is None)
 
 
 @pytest.mark.parametrize(("budget", "expected"), [(42, "queue_token_budget"), (43, "requests_waiting")])
@@ -327,3 +359,117 @@ def test_a_budget_inside_the_first_itl_bucket_is_said_not_judged() -> None:
     (said,) = [f for f in fs if f.id == "itl_budget_below_buckets"]
     assert said.severity == "info" and "4 ms budget sits inside vLLM's first ITL bucket" in said.title
     assert not [f for f in fs if f.severity != "info"]
+
+
+def test_every_symptom_has_two_held_out_alternatives_recorded() -> None:
+    """Issue 41: for every symptom of the table, at least two real recordings labelled with a cause (or
+    none) and the alternatives to rule out, each the top finding of a symptom the table lists."""
+    by_finding = {f: s.id for s in SYMPTOMS.values() for f in s.findings}
+    per_symptom: dict[str, list[str]] = {s: [] for s in SYMPTOMS}
+    for name, label in BY_NAME_LABELS.items():
+        expect = label["expect"]
+        if "cause" in expect or "ruled_out" in expect:
+            per_symptom[by_finding[expect["top"]]].append(name)
+            assert expect.get("cause") is None or SYMPTOMS[by_finding[expect["top"]]].cause(expect["cause"])
+    assert {s: len(names) for s, names in per_symptom.items() if len(names) < 2} == {}
+
+
+# -- the third set of alternatives (heldout/RECIPES.md 25-34): each beside a recording of the usual cause ---
+
+
+def _clients(name: str) -> dict:  # type: ignore[type-arg]
+    return BY_NAME_LABELS[name]["clients"]
+
+
+def test_give_ups_behind_the_token_budget_raise_it_not_the_seats_and_give_ups_at_the_cap_raise_the_seats() -> None:
+    fs = findings("alt_gave_up_token_budget_h3")
+    top = _top(fs)
+    assert top.id == "clients_gave_up" and top.evidence["cause"] == "token_budget"
+    assert top.suggestions[0].flag == "--max-num-batched-tokens" and ("--max-num-seqs", "increase") not in advice(fs)
+    # The recording's own gauges: at most 2 ran (of vLLM's default seats) while requests waited, and the
+    # clients saw their own timeouts (status -1), not refusals.
+    assert _peak_running("alt_gave_up_token_budget_h3") <= 2 and fits(top)["seat_cap"] == "ruled_out"
+    assert _clients("alt_gave_up_token_budget_h3")["by_status"].get("-1", 0) >= 6
+    at_cap = _top(findings("gave_up_streaming_cap2"))
+    assert at_cap.id == "clients_gave_up" and at_cap.evidence["cause"] == "seat_cap"
+    assert (at_cap.suggestions[0].flag, at_cap.suggestions[0].direction) == ("--max-num-seqs", "increase")
+
+
+@pytest.mark.parametrize(("name", "pin"), [("alt_preempt_blocks_h8", "--num-gpu-blocks-override"),
+                                           ("alt_preempt_kvbytes_h3", "--kv-cache-memory-bytes")])
+def test_preemptions_in_a_pinned_cache_raise_the_pin_and_without_a_pin_the_utilization(name: str, pin: str) -> None:
+    """The recipes pin the cache (heldout/RECIPES.md 27, 28): the pin is raised, never the utilization it
+    overrides. The same recording with the pin's label taken out of vllm:cache_config_info (what a GPU
+    server whose utilization sized the cache exports) names the utilization instead."""
+    import dataclasses
+
+    case = BY_NAME[name]
+    snaps = [s.snapshot for s in case.scrapes if s.snapshot is not None]
+    assert (snaps[-1].value("num_preemptions") or 0) > (snaps[0].value("num_preemptions") or 0)  # it preempted
+    fs = findings(name)
+    top = _top(fs)
+    assert top.id == "kv_pressure" and top.evidence["cause"] == "kv_pinned" and top.suggestions[0].flag == pin
+    assert ("--gpu-memory-utilization", "increase") not in advice(fs) and fits(top)["kv_small"] == "ruled_out"
+
+    def unpinned(s: Scrape) -> Scrape:
+        if s.snapshot is None or s.snapshot.cache_config is None:
+            return s
+        config = dataclasses.replace(s.snapshot.cache_config, num_gpu_blocks_override=None, kv_cache_memory_bytes=None)
+        return dataclasses.replace(s, snapshot=dataclasses.replace(s.snapshot, cache_config=config))
+
+    sized = _top(diagnose(prepare([unpinned(s) for s in case.scrapes], info=case.info)))
+    assert sized.id == "kv_pressure" and sized.evidence["cause"] == "kv_small"
+    assert (sized.suggestions[0].flag, sized.suggestions[0].direction) == ("--gpu-memory-utilization", "increase")
+
+
+@pytest.mark.parametrize("name", ["alt_failed_queued_reqs_wide", "alt_failed_queued_tokens_h3"])
+def test_503s_shed_by_a_queue_limit_are_load_shed_not_failures(name: str) -> None:
+    fs = findings(name)
+    top = _top(fs)
+    assert top.id == "admission_rejected" and top.evidence["cause"] == "admission_limit"
+    assert fits(top)["engine_error"] == "ruled_out" and "requests_failed" not in [f.id for f in fs]
+    # The clients' own record: every failure a 503 (labels.json, what the load generator saw), as many as
+    # the finding counts.
+    assert top.evidence["admission_rejections_total"] == _clients(name)["by_status"]["503"]
+    dead = _top(findings("failed_engine_dead_kept_alive"))
+    assert dead.id == "requests_failed" and dead.evidence["cause"] == "server_error"
+    assert fits(dead)["admission_limit"] == "ruled_out"
+
+
+def test_slow_decode_with_one_running_withholds_fewer_sequences_and_a_growing_batch_gets_them() -> None:
+    fs = findings("alt_slow_decode_one_wide")
+    top = _top(fs)
+    assert top.id == "slow_decode" and top.evidence["cause"] == "slow_steps"
+    assert _peak_running("alt_slow_decode_one_wide") == 1 and fits(top)["batch_size"] == "ruled_out"
+    assert "--max-num-seqs" not in [s.flag for f in fs for s in f.suggestions]
+    waves = _top(findings("slow_decode_waves"))
+    assert waves.evidence["cause"] == "batch_size"
+    assert (waves.suggestions[0].flag, waves.suggestions[0].direction) == ("--max-num-seqs", "decrease")
+
+
+@pytest.mark.parametrize("name", ["alt_ttft_long_prompts_h3", "alt_ttft_long_prompts_wide"])
+def test_ttft_from_long_prompts_computed_whole_withholds_the_token_budget(name: str) -> None:
+    """700 / 800-word prompts (a token a word) at vLLM's default budget: TTFT is prefill, the prompts are
+    long, and no --max-num-batched-tokens change is given (the budget is not known: not checked, never
+    assumed). test_rules covers the given side: prompts over a known budget raise it."""
+    fs = findings(name)
+    top = _top(fs)
+    assert top.id == "ttft_prefill_dominated" and top.evidence["cause"] == "long_prompts" and top.suggestions == ()
+    assert ("--max-num-batched-tokens", "increase") not in advice(fs)
+    prompt = histogram_delta(list(BY_NAME[name].scrapes), "request_prompt_tokens")
+    assert prompt is not None and prompt.sum / prompt.count >= 700
+    assert fits(top)["preemption"] == "ruled_out" and fits(top)["token_budget"] == "unknown"
+
+
+def test_a_co_tenant_at_the_same_request_rate_is_a_change_no_rule_explains() -> None:
+    """Two processes spinning on the host from 20 s in (heldout/RECIPES.md 33): more requests running only
+    because each stayed longer, at the request rate of before: not more load, cause not identified."""
+    fs = findings("alt_change_noisy_neighbour_h3")
+    top = _top(fs)
+    assert top.id == "unexplained_change" and top.evidence["cause"] is None and top.suggestions == ()
+    assert fits(top) == {"more_load": "ruled_out", "prefix_cache_misses": "ruled_out", "preemption": "ruled_out",
+                         "queueing": "ruled_out"}
+    assert "each request stayed longer" in _because(top, "more_load")
+    e = top.evidence
+    assert e["requests_started_per_second_after"] < 1.5 * e["requests_started_per_second_before"]
+    assert e["mean_num_requests_running_after"] >= 1.5 * e["mean_num_requests_running_before"]

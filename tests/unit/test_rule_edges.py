@@ -126,11 +126,11 @@ def test_kv_pressure_is_critical_when_half_the_finished_requests_were_preempted(
 
 def test_decode_over_budget_at_a_single_sequence_leads_with_the_model_not_the_batch() -> None:
     """One sequence running all along and ITL p95 ~74 ms over a 50 ms budget: no smaller batch exists,
-    so fewer sequences cannot help; quantized weights (read faster per step) come first."""
+    so fewer sequences cannot help and are not suggested; quantized weights (read faster per step) come first."""
     history = cumulative([{"gen": 100.0, "running": 1, "itl_counts": counts(ITL_SLOTS, b3=100)} for _ in range(12)])
     f = find(diagnose(prepare(history, budgets=Budgets(itl_ms=50))), "slow_decode")
     assert (f.suggestions[0].flag, f.suggestions[0].direction) == ("--quantization", "set")
-    assert "--max-num-seqs" in [s.flag for s in f.suggestions[1:]]
+    assert "--max-num-seqs" not in [s.flag for s in f.suggestions]
 
 
 @pytest.mark.parametrize(("seconds", "rises"), [(6, False), (9, True)])

@@ -418,16 +418,16 @@ def test_a_median_rising_with_the_batch_leads_with_a_value_even_when_no_batch_me
         ("--max-num-seqs", "decrease", 8), ("--quantization", "set", None)]
 
 
-def test_a_median_flat_across_the_batch_gives_fewer_sequences_no_value() -> None:
+def test_a_median_flat_across_the_batch_gives_no_fewer_sequences() -> None:
     """8 → 48 → 160 running and every gap in (50, 75] ms at each: over a 40 ms budget at every batch,
-    and no smaller batch ran faster, so nothing says what --max-num-seqs would meet it."""
+    and no smaller batch ran faster: the batch size is ruled out, so --max-num-seqs is not suggested."""
     history = _latency_history([{"itl": _counts(ITL_SLOTS, b3=300), "steps": _counts(STEP_SLOTS, b7=20),
                                  "prompts": _counts(PROMPT_SLOTS), "running": 8 if t < 10 else 48 if t < 20 else 160}
                                 for t in range(30)])
     f = next(f for f in diagnose(prepare(history, budgets=Budgets(itl_ms=40))) if f.id == "slow_decode")
     assert f.evidence["median_rises_with_batch"] is False
-    fewer = next(s for s in f.suggestions if s.flag == "--max-num-seqs")
-    assert fewer.value is None and f.suggestions[0].flag == "--quantization"
+    assert "--max-num-seqs" not in [s.flag for s in f.suggestions] and f.suggestions[0].flag == "--quantization"
+    assert {r["cause"]: r["fit"] for r in f.evidence["causes"]}["batch_size"] == "ruled_out"
 
 
 def _simulated(scenario: Scenario, seconds: float = 60.0) -> list[Scrape]:
@@ -717,50 +717,54 @@ def test_the_real_head_of_line_recording_on_a_device_four_times_slower_is_still_
     assert len(stalls) == 1 and stalls[0].evidence["seconds_without_tokens"] > 30
 
 
-def _ttft_history(ttft_bucket: int, queue_s: float, prefill_s: float, usage: float,
-                  chunk_steps: float = 0.0) -> list:  # type: ignore[type-arg]
+def _ttft_history(ttft_bucket: int, queue_s: float, prefill_s: float, usage: float) -> list:  # type: ignore[type-arg]
     """10 s of 20 requests a second whose TTFT falls in bucket ``ttft_bucket`` of (0.1, 1.0, +Inf),
-    with mean queue and prefill times as given; 8 running (the cap), 4 waiting; 50 engine steps a
-    second, ``chunk_steps`` of them carrying prompt chunks alone (observed as 0 tokens), the rest 8
-    tokens (one per running request)."""
+    with mean queue and prefill times as given; 8 running (the cap), 4 waiting; 400-token prompts;
+    50 engine steps a second of 8 tokens (one per running request)."""
     history = []
     for t in range(10):
         counts = [0.0, 0.0, 0.0]
         counts[ttft_bucket] = 20.0 * t
-        steps = [chunk_steps * t, (50 - chunk_steps) * t] + [0.0] * 12
         history.append(scrape(float(t), gen=100 * t, running=8, waiting=4, usage=usage, ttft_counts=counts,
                               queue_seconds=(queue_s * 20 * t, 20 * t), prefill_seconds=(prefill_s * 20 * t, 20 * t),
-                              step_counts=steps, step_sum=8.0 * (50 - chunk_steps) * t))
+                              step_counts=[0.0, 50.0 * t] + [0.0] * 12, step_sum=8.0 * 50 * t,
+                              lengths=(400.0 * 20 * t, 8.0 * 20 * t, 20.0 * t)))
     return history
 
 
-@pytest.mark.parametrize(("ttft_bucket", "queue_s", "prefill_s", "usage", "chunks", "expected", "advice"), [
+@pytest.mark.parametrize(("ttft_bucket", "queue_s", "prefill_s", "usage", "budget", "expected", "advice"), [
     # p95 = 0.1 + 0.9 × 0.95 = 0.955 s > 500 ms; queue 0.6 s ≥ prefill 0.2 s; KV 30 %: the cap queues.
-    (1, 0.6, 0.2, 0.3, 0, "ttft_queue_dominated", ("--max-num-seqs", "increase", 12)),  # 8 running + 4 waiting
+    (1, 0.6, 0.2, 0.3, None, "ttft_queue_dominated", ("--max-num-seqs", "increase")),  # 8 running + 4 waiting
     # The same queue with the KV cache 90 % full: more KV room, not more sequences.
-    (1, 0.6, 0.2, 0.9, 0, "ttft_queue_dominated", ("--gpu-memory-utilization", "increase", 0.95)),
-    # Prefill 0.7 s > queue 0.1 s, 30 of 50 steps a second carrying prompt chunks alone: the prompts are
-    # split by the token budget, so a larger one (current unknown, no prompt lengths: no value).
-    (1, 0.1, 0.7, 0.3, 30, "ttft_prefill_dominated", ("--max-num-batched-tokens", "increase", None)),
-    # The same prefill with every step producing tokens: prompts went in whole, the budget is ruled out
-    # and no flag is given.
-    (1, 0.1, 0.7, 0.3, 0, "ttft_prefill_dominated", None),
+    (1, 0.6, 0.2, 0.9, None, "ttft_queue_dominated", ("--gpu-memory-utilization", "increase")),
+    # Prefill 0.7 s > queue 0.1 s, 400-token prompts over a known 256-token budget: split by it, so a
+    # larger budget.
+    (1, 0.1, 0.7, 0.3, 256, "ttft_prefill_dominated", ("--max-num-batched-tokens", "increase")),
+    # The same prefill with the prompts within a known 2,048-token budget: the budget is ruled out; the
+    # prompts (one bucket up to 1,000 tokens, p95 read as 950) are long ones computed whole: no flag.
+    (1, 0.1, 0.7, 0.3, 2048, "ttft_prefill_dominated", None),
     # Every TTFT ≤ 100 ms: p95 is "< 100 ms", within any budget of 500 ms.
-    (0, 0.6, 0.2, 0.3, 0, None, None),
+    (0, 0.6, 0.2, 0.3, None, None, None),
 ])
 def test_ttft_over_budget_is_split_by_where_the_time_went(
-    ttft_bucket: int, queue_s: float, prefill_s: float, usage: float, chunks: float, expected: str | None,
-    advice: tuple[str, str, object] | None,
+    ttft_bucket: int, queue_s: float, prefill_s: float, usage: float, budget: int | None, expected: str | None,
+    advice: tuple[str, str] | None,
 ) -> None:
-    findings = [f for f in diagnose(prepare(_ttft_history(ttft_bucket, queue_s, prefill_s, usage, chunks),
-                                            budgets=Budgets(ttft_ms=500))) if f.id.startswith("ttft")]
+    findings = [f for f in diagnose(prepare(_ttft_history(ttft_bucket, queue_s, prefill_s, usage),
+                                            budgets=Budgets(ttft_ms=500), max_num_batched_tokens=budget))
+                if f.id.startswith("ttft")]
     assert [f.id for f in findings] == ([expected] if expected else [])
     if advice:
         s = findings[0].suggestions[0]
-        assert (s.flag, s.direction, s.value) == advice
+        assert (s.flag, s.direction) == advice
+        if s.flag == "--max-num-seqs":
+            assert s.value == 12
+        if s.flag == "--max-num-batched-tokens":
+            assert s.value is not None and s.value > 256
     elif expected:
-        assert findings[0].suggestions == () and findings[0].title.endswith("cause not identified")
-        assert any(c.startswith("Not prompts split over several steps") for c in findings[0].checks)
+        assert findings[0].suggestions == () and findings[0].title.endswith("long prompts computed whole")
+        assert any(c.startswith("Not prompts split over several steps") and "within the 2,048-token budget" in c
+                   for c in findings[0].checks)
 
 
 def test_a_ttft_p95_in_the_first_bucket_is_not_over_a_budget_below_that_bucket() -> None:

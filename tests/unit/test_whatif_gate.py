@@ -164,12 +164,13 @@ def test_a_ttft_finding_is_gated_on_the_ttft_it_is_about() -> None:
 def test_ttft_prefill_findings_and_clients_giving_up_are_gated_on_ttft() -> None:
     """slow_decode_small as the validation recorded it, under a 200 ms TTFT budget: its top finding
     is TTFT dominated by prefill, whose aimed metric is TTFT p95. gave_up_open_loop_mid (clients with
-    a 2 s timeout giving up on a queue): the clients-gave-up card's prediction is checked on TTFT p95."""
+    a 2 s timeout giving up on a queue at --max-num-seqs 3, the flag typed in as an operator would):
+    the clients-gave-up card's prediction is checked on TTFT p95."""
     s = read_recording(ROOT / "bench" / "whatif_runs" / "2026-12-06b" / "slow_decode_small-before.jsonl.gz").scrapes()
     ids = [f.id for f in diagnose(prepare(s, budgets=Budgets(ttft_ms=200))) if f.severity != "info"]
     assert ids[0] == "ttft_prefill_dominated" and whatif.aimed_for(ids) == ("ttft_p95_seconds",)
     s = recording("gave_up_open_loop_mid")
-    ctx = prepare(s, budgets=Budgets(ttft_ms=200))
+    ctx = prepare(s, budgets=Budgets(ttft_ms=200), max_num_seqs=3)
     findings, _, _ = whatif.with_predictions(diagnose(ctx), s, ctx.flags)
     (gave_up,) = [f for f in findings if f.id == "clients_gave_up"]
     predicted = [x for x in gave_up.suggestions if x.prediction is not None]

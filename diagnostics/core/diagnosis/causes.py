@@ -181,17 +181,17 @@ SYMPTOMS: dict[str, Symptom] = _symptoms(
               "running stayed below the configured --max-num-seqs while requests waited",
               ("num_requests_running", "num_requests_waiting"), "queue-at-cap"),
         Cause("token_budget", "the --max-num-batched-tokens token budget",
-              "the engine's steps at the budget (iteration_tokens: the largest steps reach it) while running is "
-              "below the seat cap", "the largest step stayed under half the budget",
-              ("iteration_tokens", "num_requests_running"), "queue-token-budget"),
+              "prompts longer than a known budget while requests wait with seats free; with the budget unknown, "
+              "by elimination (seats, KV, deferral, stall and sleep ruled out: vLLM 0.32's iteration_tokens counts "
+              "a split prompt whole, so no series shows a split)", "prompts within a known budget",
+              ("request_prompt_tokens", "num_requests_running"), "queue-token-budget"),
     )),
     Symptom("ttft", "TTFT over budget, mostly prefill", ("ttft_prefill_dominated",), (
         Cause("preemption", "preemption and recompute", "preemptions in the window (prefill time includes them)",
               "no preemption", ("num_preemptions",), "preemption"),
         Cause("token_budget", "prompts split over several steps by --max-num-batched-tokens",
-              "engine steps of prompt chunks alone (iteration_tokens ≤ 1 in vLLM 0.32), or prompts longer than a "
-              "known budget", "every step produced tokens, or prompts within a known budget",
-              ("iteration_tokens", "request_prompt_tokens"), "ttft-prefill"),
+              "prompts longer than a known budget", "prompts within a known budget (unknown: not checked)",
+              ("request_prompt_tokens",), "ttft-prefill"),
         Cause("long_prompts", "long prompts computed whole", "prompts of hundreds of tokens prefilled in one step",
               "prompts short (request_prompt_tokens p95 under 500)", ("request_prompt_tokens",), None),
     )),
@@ -229,7 +229,10 @@ SYMPTOMS: dict[str, Symptom] = _symptoms(
         Cause("bad_request", "a parameter vLLM refuses (400)", "the access log shows 400 with short prompts",
               "no 400 in the access log", ("log",), None),
     )),
-    Symptom("failed", "Requests failed (HTTP 5xx, engine errors)", ("requests_failed",), (
+    Symptom("failed", "Requests failed (HTTP 5xx, engine errors)", ("requests_failed", "admission_rejected"), (
+        Cause("admission_limit", "load shed by --max-num-queued-reqs / --max-num-queued-tokens",
+              "the admission limits' rejections (vllm:request_admission_rejections by reason, vLLM 0.32+) count "
+              "the 503s", "no admission rejection counted", ("admission_rejections",), "admission"),
         Cause("engine_error", "an engine error", "request_success{finished_reason=error}", "no request finished error",
               ("request_success",), "failed"),
         Cause("server_error", "an exception in the API server", "5xx with no engine error", "no 5xx",
@@ -241,6 +244,10 @@ SYMPTOMS: dict[str, Symptom] = _symptoms(
               ("kv_cache_usage_perc",), "preemption"),
         Cause("seat_cap", "the --max-num-seqs seat cap", "requests waited with running at the cap",
               "running below the configured cap while requests waited", ("num_requests_running",), "gave-up"),
+        Cause("token_budget", "the --max-num-batched-tokens token budget",
+              "requests waited with seats free behind prompts longer than a known budget, or by elimination (the "
+              "queue's token-budget signature)", "prompts within a known budget",
+              ("request_prompt_tokens", "num_requests_running"), "queue-token-budget"),
         Cause("client_timeout", "a client timeout shorter than an answer", "nothing waited (queue and TTFT p95 short)",
               "requests waited", ("request_queue_time_seconds", "time_to_first_token_seconds"), None),
     )),

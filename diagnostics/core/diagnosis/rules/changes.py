@@ -170,14 +170,28 @@ def load(ivs: Sequence[Interval]) -> dict[str, float | None]:
 
 def _load_rose(before: dict[str, float | None], after: dict[str, float | None], factor: float) -> str | None:
     """The load measure that rose by ``factor`` or more (from nothing counts), if any: more work
-    explains a slower answer."""
+    explains a slower answer. The running count is an effect as well as a load (Little's law: running =
+    requests per second × the time each stays), so it does not count where the engine ran under one
+    request on average before (idle part of the time: more clients would have raised the request rate)
+    and the requests started per second stayed within the factor: then the same clients asked the same,
+    and each request simply stayed longer (:func:`_running_is_slowness`)."""
     for key, was in before.items():
         now = after.get(key)
         if now is None or was is None:
             continue
+        if key == "mean_num_requests_running" and _running_is_slowness(before, after, factor):
+            continue
         if (was <= 0 < now) or (was > 0 and now >= factor * was):
             return key
     return None
+
+
+def _running_is_slowness(before: dict[str, float | None], after: dict[str, float | None], factor: float) -> bool:
+    """More running at the same request rate, from an engine that was idle part of the time before."""
+    was, rate_was, rate_now = (before.get("mean_num_requests_running"), before.get("requests_started_per_second"),
+                               after.get("requests_started_per_second"))
+    return (was is not None and was < 1.0 and rate_was is not None and rate_now is not None and rate_was > 0
+            and rate_now < factor * rate_was)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +275,12 @@ def change_differential(ctx: Context, m: Moved) -> Differential:
     t, p = ctx.thresholds, m.parts
     shown = ", ".join(f"{k.replace('_', ' ')} {_fmt(m.before_load[k])} → {_fmt(m.after_load[k])}"
                       for k in m.before_load if m.before_load[k] is not None and m.after_load.get(k) is not None)
-    rulings = [Ruling("more_load", "ruled_out", f"the load stayed within {t.change_load_factor:g}×: {shown}")]
+    slower = (" (more running only because each request stayed longer: the request rate held, and the engine ran "
+              "under one request on average before)"
+              if _running_is_slowness(m.before_load, m.after_load, t.change_load_factor)
+              and (m.after_load.get("mean_num_requests_running") or 0.0)
+              >= t.change_load_factor * (m.before_load.get("mean_num_requests_running") or 0.0) else "")
+    rulings = [Ruling("more_load", "ruled_out", f"the load stayed within {t.change_load_factor:g}×: {shown}{slower}")]
     hit_before, hit_after = _hit_rate(p.early), _hit_rate(p.late)
     computed_before, computed_after = _computed_per_request(p.early), _computed_per_request(p.late)
     if hit_before is None or hit_after is None or computed_before is None or computed_after is None:

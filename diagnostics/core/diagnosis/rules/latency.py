@@ -8,7 +8,7 @@ import math
 
 from diagnostics.core.diagnosis.causes import Ruling, differential
 from diagnostics.core.diagnosis.context import Context
-from diagnostics.core.diagnosis.latency import IntervalItl, defended_batch
+from diagnostics.core.diagnosis.latency import IntervalItl, ItlProfile, defended_batch
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from, quantile_evidence, whole
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
 from diagnostics.core.diagnosis.rules.signatures import (
@@ -123,6 +123,22 @@ def _largest_step(iv: IntervalItl) -> float:
     return iv.computed_prefill_tokens if top is None else top
 
 
+def _batch_ruling(prof: ItlProfile, budget_ms: float, defended: int | None, peak: float,
+                  first_bound: float) -> Ruling:
+    """``batch_size``: the median ITL rising with the running count (or a batch the budget defends) fits;
+    at most 2 running, or the median flat as the count doubled, rules it out."""
+    low, high = prof.p50_at_low_running_seconds, prof.p50_at_high_running_seconds
+    if prof.median_rises_with_batch or defended is not None:
+        return Ruling("batch_size", "fits", f"ITL p95 within {budget_ms:g} ms up to {defended} running"
+                      if defended is not None else "the median ITL rose with the running count")
+    if peak <= 2:
+        return Ruling("batch_size", "ruled_out", f"at most {peak:.0f} ran: there is no smaller batch worth trying")
+    if low is None or high is None:
+        return Ruling("batch_size", "unknown", "the running count did not vary twofold, so no smaller batch was seen")
+    return Ruling("batch_size", "ruled_out", f"the median ITL stayed flat ({fmt_ms_or_bound(low, first_bound)} → "
+                                             f"{fmt_ms_or_bound(high, first_bound)}) as the running count doubled")
+
+
 def slow_decode(ctx: Context) -> list[Finding]:
     """ITL over the budget once the head-of-line tail is set aside: the batch is larger than the
     budget defends (when the median rises with the running count), else the model is slow per step."""
@@ -159,8 +175,12 @@ def slow_decode(ctx: Context) -> list[Finding]:
                           "Smaller weights are read faster each step, if measured accuracy allows (a quantized "
                           "checkpoint).")
     batch_bound = prof.median_rises_with_batch or defended is not None
+    batch = _batch_ruling(prof, budget_ms, defended, peak, first_bound)
     fewer = _fewer_sequences(ctx, budget_ms, defended, peak, first_bound)
-    suggestions = [fewer, quantize] if batch_bound else [quantize, fewer]
+    # The batch size ruled out (at most 2 ran, or the median flat as the running count doubled): fewer
+    # sequences would change nothing, so --max-num-seqs is not suggested at all.
+    suggestions = ([fewer, quantize] if batch_bound else [quantize] if batch.fit == "ruled_out" else
+                   [quantize, fewer])
     if ctx.flags.cache_dtype in (None, "auto", "bfloat16", "float16", "half"):
         suggestions.append(Suggestion("--kv-cache-dtype", "set", "fp8",
                                       "Fewer KV bytes read per decode step, if accuracy allows."))
@@ -169,16 +189,6 @@ def slow_decode(ctx: Context) -> list[Finding]:
     hol = (Ruling("head_of_line", "ruled_out", f"ITL p95 {fmt_latency(rest)} outside the intervals long prefills "
                                                "explain, still over the budget")
            if prof.head_of_line else Ruling("head_of_line", "ruled_out", "no ITL spike next to a large step"))
-    if batch_bound:
-        batch = Ruling("batch_size", "fits", f"ITL p95 within {budget_ms:g} ms up to {defended} running"
-                       if defended is not None else "the median ITL rose with the running count")
-    elif peak <= 2:
-        batch = Ruling("batch_size", "ruled_out", f"at most {peak:.0f} ran: there is no smaller batch worth trying")
-    elif low is None or high is None:
-        batch = Ruling("batch_size", "unknown", "the running count did not vary twofold, so no smaller batch was seen")
-    else:
-        batch = Ruling("batch_size", "ruled_out", f"the median ITL stayed flat ({fmt_ms_or_bound(low, first_bound)} → "
-                                                  f"{fmt_ms_or_bound(high, first_bound)}) as the running count doubled")
     diff = differential("itl", (hol, batch,
                                 Ruling("slow_steps", "ruled_out" if batch_bound else "fits",
                                        "a smaller batch was within the budget" if batch_bound else

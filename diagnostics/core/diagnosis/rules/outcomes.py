@@ -46,6 +46,8 @@ def requests_failed(ctx: Context) -> list[Finding]:
     began, ended = o.failed_range  # when they failed, not the whole window
     five = max(0.0, failed - errors)
     diff = differential("failed", (
+        Ruling("admission_limit", "ruled_out",
+               f"{o.shed:,.0f} shed by the admission limits, not counted among these"),
         Ruling("engine_error", "fits" if errors else "ruled_out", f"{errors:,.0f} requests finished 'error'"),
         Ruling("server_error", "fits" if five else "ruled_out", f"{five:,.0f} answered 5xx beside the engine errors")))
     return [Finding(
@@ -197,14 +199,15 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
     elif not waited:
         nothing = f"no request waited ({wait_words or 'no queue or TTFT counted'})"
         rulings = [Ruling("client_timeout", "fits", nothing),
-                   Ruling("seat_cap", "ruled_out", f"{nothing}: no seat was waited for")]
+                   Ruling("seat_cap", "ruled_out", f"{nothing}: no seat was waited for"),
+                   Ruling("token_budget", "ruled_out", f"{nothing}: no prompt waited for the token budget")]
         cause = "no request waited in the queue: their timeout is shorter than an answer takes"
     elif usage >= t.kv_full_perc:
         rulings = [Ruling("kv_full", "fits", f"KV usage up to {usage * 100:.0f} % while requests waited")]
         cause = "the KV cache was full, so requests queued for memory"
         suggestions = tuple(suggest_more_kv(flags, t, None))
     elif diff.named is not None and diff.named.id == "seat_cap":
-        rulings = [Ruling("seat_cap", "fits", diff.because())]
+        rulings = [Ruling("seat_cap", "fits", diff.because()), diff.ruling("token_budget")]
         cause = f"requests queued at the batch cap of {cap:.0f} with the KV cache ≤ {usage * 100:.0f} % full"
         # The waiting gauge can read 0 at every scrape while the TTFT says requests waited: how many is
         # then unknown, so no value (cap + 0 would be the current cap, a change that changes nothing).
@@ -218,13 +221,13 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
                        "elsewhere, instead of a wait it abandons."),
         )
     elif diff.named is not None and diff.named.id == "token_budget":
-        rulings = [diff.ruling("seat_cap")]
+        rulings = [diff.ruling("token_budget"), diff.ruling("seat_cap")]
         cause = "requests queued behind prompts split at the token budget, with seats free"
         suggestions = (Suggestion("--max-num-batched-tokens", "increase", token_budget_target(ctx),
                                   f"{diff.because().capitalize()}: a larger budget admits them before their clients "
                                   "give up."),)
     else:
-        rulings = [diff.ruling("seat_cap")]
+        rulings = [diff.ruling("seat_cap"), diff.ruling("token_budget")]
         cause = "cause not identified (they waited, but neither the seat cap nor the KV cache held them)"
     gave = differential("gave_up", rulings + _gave_up_rest(ctx, rulings, waited, usage, wait_words))
     return [Finding(

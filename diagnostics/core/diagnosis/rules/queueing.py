@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from diagnostics.core.diagnosis.causes import Ruling, differential
 from diagnostics.core.diagnosis.context import Context, episodes
 from diagnostics.core.diagnosis.data_parallel import engines_of
+from diagnostics.core.diagnosis.outcomes import outcomes
 from diagnostics.core.diagnosis.rules.common import absent, exposes, max_gauge, mean_from
 from diagnostics.core.diagnosis.rules.memory import suggest_more_kv
 from diagnostics.core.diagnosis.rules.signatures import (
@@ -393,7 +395,9 @@ def admission_rejected(ctx: Context) -> list[Finding]:
         target = cap + peak_waiting
         if queued_behind and queued is not None and decode:
             target = max(target, math.ceil(cap * (1 + queued / decode)))
-        suggestions = [Suggestion("--max-num-seqs", "increase", int(target) if cap else None,
+        # No waiting counted at any scrape and no queue time to scale by: how many more seats is unknown
+        # (cap + 0 would be the current cap, a change that changes nothing), so no value.
+        suggestions = [Suggestion("--max-num-seqs", "increase", int(target) if cap and target > cap else None,
                                   f"{held} with the KV cache ≤ {usage * 100:.0f} % full: "
                                   "a larger batch drains the queue the limit protects.")]
         fix = "running sat at the --max-num-seqs cap with memory to spare: a larger batch serves these requests"
@@ -402,18 +406,29 @@ def admission_rejected(ctx: Context) -> list[Finding]:
                                   "Neither the batch cap nor the KV cache was full: the limit itself turned bursts "
                                   "away. Raise it if clients would rather wait than get a 503.")]
         fix = "neither the batch nor the KV cache was full: the limit itself is what turned them away"
+    o = outcomes(ctx)
+    errors = o.finished.get("error", 0.0)
+    beside = max(0.0, o.failed - errors)
+    shed = differential("failed", (
+        Ruling("admission_limit", "fits", f"{total:,.0f} rejections counted by {limits} "
+                                          "(vllm:request_admission_rejections)"),
+        Ruling("engine_error", "fits" if errors else "ruled_out", f"{errors:,.0f} requests finished 'error'"),
+        Ruling("server_error", "fits" if beside else "ruled_out",
+               f"{beside:,.0f} answered 5xx beside the limits' 503s"),
+    ))
     return [Finding(
         id="admission_rejected",
         severity="warning",
-        title=f"{total:,.0f} requests turned away (HTTP 503) by {limits}; {fix}",
+        title=f"{total:,.0f} request{'' if total == 1 else 's'} turned away (HTTP 503) by {limits}; {fix}",
         evidence={"admission_rejections": {r: by_reason[r] for r in reasons},
                   "admission_rejections_total": total, "num_requests_running_cap": cap, "running_at_cap": at_cap,
                   "max_kv_cache_usage_perc": usage, "max_num_requests_waiting": peak_waiting,
-                  "mean_queue_seconds": queued, "mean_decode_seconds": decode},
+                  "mean_queue_seconds": queued, "mean_decode_seconds": decode, **shed.evidence()},
         suggestions=tuple(suggestions),
         checks=(
             "The queue limit sheds load by design: raise it only if clients would rather wait than retry a 503.",
             "Clients that retry at once turn one burst into several: check their back-off.",
+            *shed.checks(),
         ),
         time_range=(start, end),
     )]

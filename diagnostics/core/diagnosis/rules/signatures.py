@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from diagnostics.core.diagnosis.causes import Differential, Ruling, differential
 from diagnostics.core.diagnosis.context import Context
 from diagnostics.core.diagnosis.data_parallel import engines_of
-from diagnostics.core.diagnosis.latency import CHUNK_STEP_SHARE, chunk_only_steps
 from diagnostics.core.diagnosis.rules.common import exposes, mean_from
 from diagnostics.core.metrics.catalog import EngineKey, Histogram, Snapshot
 from diagnostics.core.metrics.derive import (
@@ -31,13 +30,9 @@ SEAT_HELD_SHARE = 0.5
 # With the cap not known, it is inferred only from a running count held this often (a seat cap binds
 # at nearly every scrape: 0.86-1.0 in the tuned corpus's queues at the cap).
 SEAT_INFERRED_SHARE = 0.8
-# A token budget binds when CHUNK_STEP_SHARE of the engine steps taken while requests waited carried
-# only prompt chunks (vLLM 0.32: observed as 0 tokens), or, where a version observes each step's
-# scheduled tokens, when they average this share of a known budget ...
+# Where a version observes each step's scheduled tokens, a known budget binds when the steps average
+# this share of it (vLLM 0.32 observes prompts whole in the step that finishes them: only the flag tells).
 BUDGET_FULL_SHARE = 0.75
-# ... and fewer than this share carrying chunks alone is prompts going in whole (an empty step now and
-# then is a step whose requests were aborted: 11 of 190 in a tuned-corpus queue at the seat cap).
-RARE_CHUNK_SHARE = 0.1
 # Served prompts this far under --max-model-len, and refused requests of fewer bytes than this share of
 # the limit in tokens (a token is at least one byte of the prompt's text), cannot be context refusals.
 CONTEXT_NEAR_SHARE = 0.5
@@ -146,46 +141,41 @@ def largest_step_bound(hist: Histogram) -> float | None:
 
 
 def token_budget_ruling(ctx: Context, w: Waiting) -> Ruling:
-    """``token_budget``: prompts split over several engine steps while requests waited with seats free.
-    vLLM admits a waiting request only ``while token_budget > 0``, so when the running requests' prompt
-    chunks take the budget, the queue waits however many seats are free.
+    """``token_budget``: prompts split over several engine steps by --max-num-batched-tokens while requests
+    waited with seats free. vLLM admits a waiting request only ``while token_budget > 0``, so when the
+    running requests' prompt chunks take the budget, the queue waits however many seats are free.
 
-    vLLM 0.32 observes ``iteration_tokens`` per step as the prompt tokens of the prefills that *finished*
-    in it plus the tokens generated, so a step that carried only chunks of unfinished prompts is
-    observed as 0 tokens: at least ``CHUNK_STEP_SHARE`` of the steps so fits (a prompt took several
-    steps; with the budget known, prompts longer than it confirm the split is the budget's). Every step
-    producing a token rules it out (prompts went in whole), and so do prompts within a known budget.
-    A version that observes each step's scheduled tokens shows steps at the budget: their mean at
-    ``BUDGET_FULL_SHARE`` of a known budget fits."""
-    steps = merge_histograms(_intervals_of(ctx, w))
-    if steps is None or steps.count <= 0:
-        return Ruling("token_budget", "unknown", "no iteration_tokens over the scrapes with requests waiting")
-    empty = chunk_only_steps(steps)
-    share = empty / steps.count
+    vLLM 0.32 observes ``iteration_tokens`` only in a step that emits a token, with the prompt tokens of
+    the prefills that *finished* in it (a step of prompt chunks alone is never observed, and a prompt
+    split in twenty chunks is counted whole in the last): the histogram cannot show a split. The
+    recorded alternatives say the same: steps observed equal the tokens generated (392 of 392, 342 of
+    342), and a single stream with no split reads as one-token steps too. So only a known budget
+    decides: prompts longer than it fit, prompts within it rule it out; unknown, it is not checked
+    (and may be named by elimination, :func:`waiting_differential`). A version that observes each
+    step's scheduled tokens shows steps at the budget: their mean at ``BUDGET_FULL_SHARE`` of a known
+    budget fits."""
     prompt = mean_from(histogram_delta([s for s, _ in w.scrapes], "request_prompt_tokens"))
     budget = ctx.flags.max_num_batched_tokens
-    of = (f" of --max-num-batched-tokens {fmt_tokens(budget)}" if budget else
-          " (--max-num-batched-tokens is not known here)")
-    about = f" of about {fmt_tokens(prompt)} tokens" if prompt else ""
-    if budget and prompt is not None and prompt <= budget:
+    if budget is None:
+        return Ruling("token_budget", "unknown", "--max-num-batched-tokens is not known here (give the flag or the "
+                                                 "server's log: vLLM 0.32's iteration_tokens counts a split prompt "
+                                                 "whole, so no series shows a split)")
+    if prompt is None:
+        steps = merge_histograms(_intervals_of(ctx, w))
+        if steps is not None and steps.count > 0:
+            mean = steps.sum / steps.count
+            largest = largest_step_bound(steps) or mean
+            if largest <= budget and mean >= BUDGET_FULL_SHARE * budget:
+                return Ruling("token_budget", "fits", f"the engine's steps averaged {fmt_tokens(mean)} tokens against "
+                                                      f"the --max-num-batched-tokens budget of {fmt_tokens(budget)}")
+        return Ruling("token_budget", "unknown", "no prompt lengths counted while requests waited")
+    if prompt <= budget:
         return Ruling("token_budget", "ruled_out", f"prompts averaged {fmt_tokens(prompt)} tokens, within the "
                                                    f"{fmt_tokens(budget)}-token budget: none needed splitting")
-    if share >= CHUNK_STEP_SHARE:
-        per = empty / max(1.0, steps.count - empty)
-        return Ruling("token_budget", "fits", f"{empty:,.0f} of the {steps.count:,.0f} engine steps while requests "
-                                              f"waited produced no token (iteration_tokens ≤ 1): they carried only "
-                                              f"chunks of prompts{about}, about {per:.0f} such steps a prompt, "
-                                              f"split at the token budget{of}")
-    mean = steps.sum / steps.count
-    largest = largest_step_bound(steps) or mean
-    if budget and largest <= budget and mean >= BUDGET_FULL_SHARE * budget:
-        return Ruling("token_budget", "fits", f"the engine's steps averaged {fmt_tokens(mean)} tokens against the "
-                                              f"--max-num-batched-tokens budget of {fmt_tokens(budget)}")
-    if empty < RARE_CHUNK_SHARE * steps.count:
-        return Ruling("token_budget", "ruled_out", f"{empty:,.0f} of the {steps.count:,.0f} engine steps while requests "
-                                                   "waited carried prompt chunks alone: prompts went in whole, not "
-                                                   "split by a budget")
-    return Ruling("token_budget", "unknown", f"{empty:,.0f} of {steps.count:,.0f} steps carried only prompt chunks")
+    return Ruling("token_budget", "fits", f"prompts averaged {fmt_tokens(prompt)} tokens against the "
+                                          f"--max-num-batched-tokens budget of {fmt_tokens(budget)}: each took about "
+                                          f"{math.ceil(prompt / budget):,} steps, and vLLM admits a waiting request "
+                                          "only while a step's budget lasts")
 
 
 def waiting_differential(ctx: Context, w: Waiting) -> Differential:
@@ -220,14 +210,19 @@ def waiting_differential(ctx: Context, w: Waiting) -> Differential:
     else:
         kv = Ruling("kv_full", "unknown", f"KV usage up to {usage * 100:.0f} %: neither full nor clearly free")
     seat, budget = seat_cap_ruling(ctx, w), token_budget_ruling(ctx, w)
-    others = (stall, asleep, deferred, kv, budget)
+    # vLLM admits a waiting request unless a seat, the token budget, KV blocks, a LoRA slot (deferred) or a
+    # paused engine stops it (Scheduler.schedule): with every other one ruled out, the one left. The seats
+    # only for a cap inferred (a known one is measured: running under it while requests wait is no seat
+    # cap); the budget only while it is not known (a known one is compared with the prompts).
     if (seat.fit == "unknown" and w.scrapes and not ctx.flags.max_num_seqs
-            and all(r.fit == "ruled_out" for r in others)):
-        # vLLM admits a waiting request unless a seat, the token budget, KV blocks, a LoRA slot (deferred)
-        # or a paused engine stops it (Scheduler.schedule): with every other one ruled out, the seats. Only
-        # for a cap inferred: a known one is measured, and running under it while requests wait is no seat cap.
+            and all(r.fit == "ruled_out" for r in (stall, asleep, deferred, kv, budget))):
         seat = Ruling("seat_cap", "fits", f"by elimination ({seat.because}; every other admission limit ruled "
                                           "out below)")
+    elif (budget.fit == "unknown" and w.scrapes and not ctx.flags.max_num_batched_tokens and not w.blind
+          and all(r.fit == "ruled_out" for r in (stall, asleep, deferred, kv, seat))):
+        budget = Ruling("token_budget", "fits", "by elimination: seats free, the KV cache free, nothing deferred "
+                                                "or asleep, and vLLM admits a waiting request only while a step's "
+                                                "token budget lasts (--max-num-batched-tokens is not known here)")
     return differential("waiting", (stall, asleep, deferred, kv, seat, budget))
 
 
