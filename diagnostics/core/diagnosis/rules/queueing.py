@@ -107,8 +107,8 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
             severity="warning",
             title=f"Queueing at the token budget: up to {peak_waiting:.0f} waiting{one} with seats free, prompts "
             f"prefilled in chunks of --max-num-batched-tokens {budget:,}" if budget else
-            f"Queueing at the token budget: up to {peak_waiting:.0f} waiting{one} with seats free, prompts "
-            "prefilled in chunks",
+            f"Queueing at the token budget: up to {peak_waiting:.0f} waiting{one} with seats free and every other "
+            "admission limit ruled out (--max-num-batched-tokens not known)",
             evidence={**evidence, "max_num_batched_tokens": budget},
             suggestions=(
                 Suggestion("--max-num-batched-tokens", "increase", value,
