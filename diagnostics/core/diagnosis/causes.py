@@ -97,6 +97,12 @@ class Differential:
         named = self.named
         return self.ruling(named.id).because if named else ""
 
+    def sentence(self) -> str:
+        """:meth:`because` as the start of a sentence: its first letter upper-cased, the rest as written
+        (str.capitalize would turn "KV" and "vLLM" into "kv" and "vllm")."""
+        why = self.because()
+        return why[:1].upper() + why[1:]
+
     def checks(self) -> tuple[str, ...]:
         """The card's lines: each alternative ruled out and by what number, then what could not be told."""
         card = card_lines(self.evidence())

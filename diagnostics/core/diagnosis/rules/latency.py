@@ -267,11 +267,11 @@ def ttft(ctx: Context) -> list[Finding]:
             # The waiting gauge can read 0 at every scrape while the queue time says requests waited: how
             # many is then unknown, so no value (cap + 0 would be the current cap, a change that changes nothing).
             suggestions = (Suggestion("--max-num-seqs", "increase", int(cap + waiting) if cap and waiting else None,
-                                      f"{diff.because().capitalize()}, with the KV cache ≤ {usage * 100:.0f} % full: "
+                                      f"{diff.sentence()}, with the KV cache ≤ {usage * 100:.0f} % full: "
                                       "requests wait for a seat."),)
         elif named == "token_budget":
             suggestions = (Suggestion("--max-num-batched-tokens", "increase", token_budget_target(ctx),
-                                      f"{diff.because().capitalize()}: waiting requests are admitted only while a "
+                                      f"{diff.sentence()}: waiting requests are admitted only while a "
                                       "step's token budget lasts."),)
         cause = f": {diff.named.name}" if diff.named else ": cause not identified"
         return [Finding(
@@ -290,7 +290,7 @@ def ttft(ctx: Context) -> list[Finding]:
         prefill_suggestions.append(suggest_more_kv(flags, t, None)[0])
     elif named == "token_budget":
         prefill_suggestions.append(Suggestion("--max-num-batched-tokens", "increase", token_budget_target(ctx),
-                                              f"{diff.because().capitalize()}: a larger budget prefills a prompt in "
+                                              f"{diff.sentence()}: a larger budget prefills a prompt in "
                                               "fewer steps (at some ITL cost)."))
     if flags.enable_prefix_caching is False:
         prefill_suggestions.append(Suggestion("--enable-prefix-caching", "set", None,

@@ -224,7 +224,7 @@ def clients_gave_up(ctx: Context) -> list[Finding]:
         rulings = [diff.ruling("token_budget"), diff.ruling("seat_cap")]
         cause = "requests queued behind prompts split at the token budget, with seats free"
         suggestions = (Suggestion("--max-num-batched-tokens", "increase", token_budget_target(ctx),
-                                  f"{diff.because().capitalize()}: a larger budget admits them before their clients "
+                                  f"{diff.sentence()}: a larger budget admits them before their clients "
                                   "give up."),)
     else:
         rulings = [diff.ruling("seat_cap"), diff.ruling("token_budget")]

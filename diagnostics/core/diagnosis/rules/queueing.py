@@ -88,7 +88,7 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
             evidence={**evidence, "seconds_queued_at_cap": round(seconds, 3)},
             suggestions=(
                 Suggestion("--max-num-seqs", "increase", target,
-                           f"{diff.because().capitalize()}, up to {peak_waiting:.0f} waiting{one} for "
+                           f"{diff.sentence()}, up to {peak_waiting:.0f} waiting{one} for "
                            f"{fmt_duration(seconds)} while the KV cache stayed ≤ {max_usage * 100:.0f} % full: the "
                            "cap, not memory, is what queues."),
             ),
@@ -112,8 +112,9 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
             evidence={**evidence, "max_num_batched_tokens": budget},
             suggestions=(
                 Suggestion("--max-num-batched-tokens", "increase", value,
-                           f"{diff.because().capitalize()}: vLLM admits a waiting request only while a step's token "
-                           f"budget lasts, so long prompts take it in chunks and the rest wait with seats free"
+                           (f"{diff.sentence()}: the budget is the one admission limit left" if not budget else
+                            f"{diff.sentence()}: long prompts take the budget in chunks and the rest wait with "
+                            "seats free")
                            + (f"; {value:,} tokens holds a whole prompt of the window's p95 and the running "
                               "decodes in one step" if value else "") + "."),
             ),
