@@ -120,7 +120,10 @@ def _peak_running(name: str) -> float:
     return max((s.snapshot.value("num_requests_running") or 0.0) for s in BY_NAME[name].scrapes if s.snapshot)
 
 
-RECIPE_FLAGS = {"alt_queue_token_budget_h8": (8, 32), "alt_queue_token_budget_wide": (16, 48)}  # RECIPES.md 19, 20
+def _flag(name: str, flag: str) -> int | None:
+    """A flag's value as the recipe served it (labels.json ``args``), None where it was not given."""
+    args = BY_NAME_LABELS[name]["args"]
+    return int(args[args.index(flag) + 1]) if flag in args else None
 
 
 @pytest.mark.parametrize("name", ["alt_queue_token_budget_h8", "alt_queue_token_budget_wide"])
@@ -138,7 +141,8 @@ def test_a_queue_held_by_the_token_budget_withholds_max_num_seqs(name: str) -> N
     # cap not known, a count held in so few waiting scrapes infers no cap, so the seats are not checked.
     assert _peak_running(name) == 2 and fits(top)["seat_cap"] == "unknown"
     assert "too rarely to infer a cap from it" in _because(top, "seat_cap")
-    cap, budget = RECIPE_FLAGS[name]
+    cap, budget = _flag(name, "--max-num-seqs"), _flag(name, "--max-num-batched-tokens")
+    assert cap and budget
     case = BY_NAME[name]
     known = diagnose(prepare(case.scrapes, info=case.info, max_num_seqs=cap, max_num_batched_tokens=budget))
     top = next(f for f in known if f.severity != "info")
@@ -148,6 +152,7 @@ def test_a_queue_held_by_the_token_budget_withholds_max_num_seqs(name: str) -> N
     assert prompt is not None and prompt.sum / prompt.count > budget  # the recording's own prompts
     assert fits(top)["token_budget"] == "fits" and fits(top)["seat_cap"] == "ruled_out"
     assert ("--max-num-seqs", "increase") not in advice(known)
+    assert "head_of_line_blocking" not in [f.id for f in known]
 
 
 @pytest.mark.parametrize("name", ["alt_queue_token_budget_h8", "alt_queue_token_budget_wide"])
@@ -295,6 +300,16 @@ def test_running_below_its_peak_in_most_waiting_scrapes_rules_an_inferred_cap_ou
     assert held.id == "requests_waiting" and held.suggestions == () and fits(held)["token_budget"] == "ruled_out"
 
 
+def test_the_budget_is_not_named_by_elimination_while_the_kv_cache_is_not_ruled_out() -> None:
+    """The seats ruled out as above, but the KV cache at 85 % (neither full nor clearly free): one admission
+    limit other than the budget is still open, so nothing is named and no flag is given."""
+    h = [scrape(s.ts, gen=100 * int(s.ts), running=3 if int(s.ts) % 3 else 8, waiting=6 if s.ts >= 2 else 0,
+                usage=0.85, lengths=(800 * s.ts, 16 * s.ts, 2 * s.ts)) for s in _queue(set())]
+    top = _top(diagnose(prepare(h)))
+    assert fits(top)["kv_full"] == "unknown" and fits(top)["token_budget"] == "unknown"
+    assert top.id == "requests_waiting" and top.suggestions == ()
+
+
 @pytest.mark.parametrize(("budget", "budget_fit"), [(256, "fits"), (400, "ruled_out"), (None, "fits")])
 def test_a_known_budget_is_judged_against_the_prompts_and_an_unknown_one_by_elimination(
         budget: int | None, budget_fit: str) -> None:
@@ -389,7 +404,16 @@ def test_give_ups_behind_the_token_budget_raise_it_not_the_seats_and_give_ups_at
     # The recording's own gauges: at most 2 ran (of vLLM's default seats) while requests waited, and the
     # clients saw their own timeouts (status -1), not refusals.
     assert _peak_running("alt_gave_up_token_budget_h3") <= 2 and fits(top)["seat_cap"] == "ruled_out"
-    assert _clients("alt_gave_up_token_budget_h3")["by_status"].get("-1", 0) >= 6
+    timed_out = _clients("alt_gave_up_token_budget_h3")["by_status"].get("-1", 0)
+    assert abs(top.evidence["gave_up"] - timed_out) <= 1  # the server's count against the clients' own (32)
+    # With the budget the server ran typed in (16), the prompts of about 1,000 tokens exceed it: named by it.
+    case = BY_NAME["alt_gave_up_token_budget_h3"]
+    known = _top(diagnose(prepare(case.scrapes, info=case.info,
+                                  max_num_batched_tokens=_flag("alt_gave_up_token_budget_h3",
+                                                               "--max-num-batched-tokens"))))
+    assert known.evidence["cause"] == "token_budget" and "against the --max-num-batched-tokens budget of 16" in (
+        _because(known, "token_budget"))
+    assert fits(_top(findings("alt_gave_up_timeout_h3")))["token_budget"] == "ruled_out"
     at_cap = _top(findings("gave_up_streaming_cap2"))
     assert at_cap.id == "clients_gave_up" and at_cap.evidence["cause"] == "seat_cap"
     assert (at_cap.suggestions[0].flag, at_cap.suggestions[0].direction) == ("--max-num-seqs", "increase")
@@ -431,6 +455,13 @@ def test_503s_shed_by_a_queue_limit_are_load_shed_not_failures(name: str) -> Non
     # The clients' own record: every failure a 503 (labels.json, what the load generator saw), as many as
     # the finding counts.
     assert top.evidence["admission_rejections_total"] == _clients(name)["by_status"]["503"]
+    # Never the cap the server already had as the "new" value (4, the recipe's): more than it, or none.
+    (seats,) = [x for x in top.suggestions if x.flag == "--max-num-seqs"]
+    cap = _flag(name, "--max-num-seqs")
+    assert seats.direction == "increase" and (seats.value is None or seats.value > cap)
+    waited = max((x.snapshot.value("num_requests_waiting") or 0) for x in BY_NAME[name].scrapes if x.snapshot)
+    if waited:
+        assert seats.value == cap + waited  # the cap plus the most waiting at a scrape, read from the gauges
     dead = _top(findings("failed_engine_dead_kept_alive"))
     assert dead.id == "requests_failed" and dead.evidence["cause"] == "server_error"
     assert fits(dead)["admission_limit"] == "ruled_out"
@@ -459,6 +490,10 @@ def test_ttft_from_long_prompts_computed_whole_withholds_the_token_budget(name: 
     prompt = histogram_delta(list(BY_NAME[name].scrapes), "request_prompt_tokens")
     assert prompt is not None and prompt.sum / prompt.count >= 700
     assert fits(top)["preemption"] == "ruled_out" and fits(top)["token_budget"] == "unknown"
+    # With vLLM's CPU default typed in (2,048: recipe 25), the prompts fit it whole and the budget is ruled out.
+    case = BY_NAME[name]
+    known = _top(diagnose(prepare(case.scrapes, info=case.info, budgets=case.budgets, max_num_batched_tokens=2048)))
+    assert known.evidence["cause"] == "long_prompts" and fits(known)["token_budget"] == "ruled_out"
 
 
 def test_a_co_tenant_at_the_same_request_rate_is_a_change_no_rule_explains() -> None:

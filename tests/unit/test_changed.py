@@ -238,3 +238,25 @@ def test_preemptions_as_many_before_as_after_are_not_the_cause_of_a_change() -> 
     ruling = changes.change_differential(ctx, moved).ruling("preemption")
     late, early = len(moved.parts.late), len(moved.parts.early)  # one preemption in each 1 s interval
     assert ruling.fit == "ruled_out" and ruling.because.startswith(f"{late} preemptions in the late part ({early} before)")
+
+
+def _co_tenant(running_before: float, factor: float = 3.0) -> list:  # type: ignore[type-arg]
+    """30 s at one request started a second and 100 prompt tokens a second throughout; ITL in (10, 25] ms
+    for 15 s, then in (50, 75] ms, and the running count ``factor`` times ``running_before`` after."""
+    return cumulative([{"gen": 200.0, "prompt": 100.0, "ttft_counts": [1.0, 0.0, 0.0],
+                        "itl_counts": list(FAST) if t < 15 else list(SLOW),
+                        "running": running_before if t < 15 else factor * running_before, "usage": 0.2}
+                       for t in range(30)])
+
+
+@pytest.mark.parametrize(("before", "changed"), [(0.5, True), (0.9, True), (1.1, False)])
+def test_more_running_at_the_same_request_rate_is_slowness_only_from_an_engine_idle_before(
+        before: float, changed: bool) -> None:
+    """The running count tripled at one request a second: from under one on average before (the engine idle
+    part of the time, so more clients would have raised the rate) it is each request staying longer, and
+    the ITL rise is a change; from 1.1 it may be more clients on a busy engine, so it stays more load."""
+    finding = _changed(diagnose(prepare(_co_tenant(before))))
+    assert (finding is not None) is changed
+    if finding is not None:
+        more = next(r for r in finding.evidence["causes"] if r["cause"] == "more_load")
+        assert more["fit"] == "ruled_out" and "each request stayed longer" in more["because"]

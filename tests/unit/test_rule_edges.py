@@ -133,6 +133,20 @@ def test_decode_over_budget_at_a_single_sequence_leads_with_the_model_not_the_ba
     assert "--max-num-seqs" not in [s.flag for s in f.suggestions]
 
 
+@pytest.mark.parametrize(("running", "seats"), [(2, False), (3, True)])
+def test_fewer_sequences_are_withheld_at_two_running_and_offered_second_at_three(running: int, seats: bool) -> None:
+    """ITL p95 ~74 ms over a 50 ms budget with the running count constant: at 2 there is no smaller batch
+    worth trying (the batch size ruled out, no --max-num-seqs); at 3 the window cannot tell (not checked),
+    so fewer sequences come second, after quantized weights."""
+    history = cumulative([{"gen": 100.0, "running": running, "itl_counts": counts(ITL_SLOTS, b3=100)}
+                          for _ in range(12)])
+    f = find(diagnose(prepare(history, budgets=Budgets(itl_ms=50))), "slow_decode")
+    assert f.suggestions[0].flag == "--quantization"
+    assert ("--max-num-seqs" in [s.flag for s in f.suggestions[1:]]) is seats
+    fit = {r["cause"]: r["fit"] for r in f.evidence["causes"]}["batch_size"]
+    assert fit == ("unknown" if seats else "ruled_out")
+
+
 @pytest.mark.parametrize(("seconds", "rises"), [(6, False), (9, True)])
 def test_a_median_rising_with_the_batch_is_judged_on_six_intervals_at_least(seconds: int, rises: bool) -> None:
     """4 running with gaps under 10 ms, then 16 running with gaps of 50–75 ms: over 8 intervals the

@@ -57,17 +57,27 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
     for scrape, snap in ok:
         routed = any(a <= scrape.ts <= b for a, b in skews)
         stalled = any(s.start <= scrape.ts <= s.end for s in ctx.stalls) or ctx.itl.blocked(scrape.ts)
-        points.append((scrape.ts, not routed and not stalled and any(_queued_with_room(snap, u, t.kv_low_perc)
+        # Waiting with the cache not full (under kv_full_perc): between "clearly free" and full the KV
+        # cache is neither ruled in nor out, and the finding says so rather than nothing at all.
+        points.append((scrape.ts, not routed and not stalled and any(_queued_with_room(snap, u, t.kv_full_perc)
                                                                      for u in units)))
     found = [e for e in episodes(points, t.queue_merge_seconds) if e[1] - e[0] >= t.queue_min_seconds]
     if not found:
         return queue_from_histograms(ctx, cap)
     in_ep = tuple((s, snap) for s, snap in ok if any(a <= s.ts <= b for a, b in found)
-                  and any(_queued_with_room(snap, u, t.kv_low_perc) for u in units))
+                  and any(_queued_with_room(snap, u, t.kv_full_perc) for u in units))
     diff = waiting_differential(ctx, Waiting(in_ep, tuple(units)))
     named = diff.named.id if diff.named else None
     if named in ("stalled", "asleep", "deferred", "kv_full"):
         return []  # the stall, sleep, deferral and KV-pressure rules say these, with their own advice
+    if named in ("seat_cap", "token_budget") and diff.ruling("kv_full").fit == "unknown":
+        # The cache neither full nor clearly free: more seats or a larger budget may just fill it, so the
+        # queue is said with no flag, the limit that held kept on the card as not decided.
+        kv = diff.ruling("kv_full").because
+        diff = differential("waiting", tuple(
+            Ruling(r.cause, "unknown", f"{r.because}, but with {kv} the KV cache may hold admission too")
+            if r.fit == "fits" else r for r in diff.rulings))
+        named = None
     peak_waiting = max((snap.value("num_requests_waiting", u) or 0) for _, snap in in_ep for u in units)
     max_usage = max((snap.value("kv_cache_usage_perc") or 0) for _, snap in in_ep)
     seconds = sum(b - a for a, b in found)
@@ -131,8 +141,9 @@ def queue_at_cap(ctx: Context) -> list[Finding]:
         title=f"Requests waiting: cause not identified — up to {peak_waiting:.0f} waiting{one} for "
         f"{fmt_duration(seconds)}, KV usage ≤ {max_usage * 100:.0f} %",
         evidence=evidence,
-        checks=("No flag is suggested: neither the seat cap nor the token budget nor the KV cache held admission "
-                "by the numbers below. Read the server log for what the scheduler waited on.", *diff.checks()),
+        checks=("No flag is suggested: no admission limit is confirmed by the numbers below (each is listed, ruled "
+                "out or not decided). Read the server log for what the scheduler waited on, or give the flags "
+                "the server runs with (--max-num-seqs, --max-num-batched-tokens).", *diff.checks()),
         time_range=span,
     )]
 
