@@ -473,3 +473,25 @@ def test_served_prompts_near_the_limit_confirm_it_without_sizes() -> None:
     history = seconds(10, http=(8, 3, 0), finished=(0, 8, 0, 0), prompt_len_counts=[0] * 8 + [8] + [0] * 3)
     found = outcome(history, "requests_rejected", log_text=LOG_SET, max_model_len=512)
     assert found.evidence["cause"] == "context_limit"
+
+
+def test_requests_that_failed_before_the_window_hide_no_give_up_inside_it() -> None:
+    """Issue 42: lifetime at the first scrape, 100 answered 2xx and 30 answered 5xx, the engine having
+    finished 100 'stop' and 30 'error'; then each second 8 answers and 5 finished: 27 of 72 given up. The
+    30 errors were answered (5xx), so they are no answer still in flight at the window's start."""
+    history = [Scrape(float(t), parse_snapshot(text(
+        http=(100 + 8 * t, 0, 30), finished=(100 + 5 * t, 0, 0, 30), gen=50 * t, running=4, waiting=3)))
+        for t in range(10)]
+    o = outcomes(prepare(history))
+    assert (o.answered, o.engine_requests, o.lag_at_start, o.gave_up) == (72, 45, 0, 27)
+
+
+def test_answers_in_flight_at_the_start_are_at_most_what_the_engine_finished_in_the_first_interval() -> None:
+    """Lifetime 200 finished and 150 answered at the first scrape (50 apart: the engine's counters and the
+    API server's began apart); then each second 8 answered and 6 finished. At most what the engine
+    finished in the first interval (6) can still be in flight, not 50: 72 − 54 − 6 = 12 given up, not 0."""
+    history = [Scrape(float(t), parse_snapshot(text(http=(150 + 8 * t, 0, 0), finished=(200 + 6 * t, 0, 0, 0),
+                                                   running=4, waiting=3))) for t in range(10)]
+    o = outcomes(prepare(history))
+    assert o.lag_at_start == 6  # capped at the first interval's 6 finished, not the lifetime 50
+    assert (o.answered, o.engine_requests, o.gave_up) == (72, 54, 72 - 54 - 6)

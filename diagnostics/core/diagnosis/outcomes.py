@@ -261,19 +261,26 @@ def outcomes_of(ok: Sequence[tuple[Scrape, Snapshot]], max_model_len: int | None
     """The outcomes over consecutive good scrapes (empty with fewer than two)."""
     steps = tuple(_step(a, b) for a, b in zip(ok, ok[1:]))
     start, end = (ok[0][0].ts, ok[-1][0].ts) if ok else (0.0, 0.0)
-    return Outcomes(start, end, steps, max_model_len, _lag(ok[0][1]) if ok else 0.0)
+    return Outcomes(start, end, steps, max_model_len, _lag(ok[0][1], steps[0] if steps else None) if ok else 0.0)
 
 
-def _lag(first: Snapshot) -> float:
-    """Lifetime engine-finished requests less lifetime 2xx answers at a window's first scrape."""
+def _lag(first: Snapshot, first_step: Step | None) -> float:
+    """Requests the engine had finished by a window's first scrape whose 2xx was not counted yet: the
+    lifetime requests it finished well (not 'error': those were answered 5xx; not 'abort': a client
+    that left) less the lifetime 2xx answers, and never more than the engine finished in the window's
+    first interval (answers in flight are the last moment's; a lifetime count of failures or give-ups
+    from before the window must not hide or make give-ups inside it)."""
     http = first.by_label("http_requests")
     params_n = first.histogram("request_params_n")
-    finished = first.by_label("request_success")
-    if http is None or (params_n is None and finished is None):
+    finished = first.by_label("request_success") or {}
+    if http is None or (params_n is None and not finished):
         return 0.0
-    done = params_n.count if params_n is not None else sum(
-        n for reason, n in (finished or {}).items() if reason != "abort")
-    return max(0.0, done - http.get("2xx", 0.0))
+    not_done = finished.get("error", 0.0) + finished.get("abort", 0.0)
+    done = (params_n.count - not_done if params_n is not None else
+            sum(n for reason, n in finished.items() if reason not in ("abort", "error")))
+    lag = max(0.0, done - http.get("2xx", 0.0))
+    recent = first_step.engine_requests if first_step is not None else None
+    return min(lag, recent) if recent is not None else lag
 
 
 def window_outcomes(scrapes: Sequence[Scrape], max_model_len: int | None) -> Outcomes:
