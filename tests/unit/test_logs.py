@@ -227,3 +227,31 @@ def test_the_bound_of_pydantics_input_dump_is_not_the_messages() -> None:
     """The dump after "[type=" is the input, not the message: a bound there states nothing."""
     assert accepts("Value error, no such thing [type=value_error, input_value={'x': 'must be greater than 3'}]") \
         == ({}, {})
+
+
+# -- a restarted container's log (issue 42): several starts in one log --------------------------------------
+
+
+def test_a_failed_start_then_a_good_one_in_one_log_is_a_server_that_came_up() -> None:
+    """What ``docker logs`` shows for a restarted container: a real start refused for memory (the CPU
+    default utilization above what was free), then a real start of a server that served. The last start
+    came up, so no startup error stands; the same two the other way round are a server that cannot start
+    now, named by the failed start's own error."""
+    failed = real("log-0.32.0-cpu-default-utilization-too-high.txt")
+    good = (INCIDENTS / "heldout" / "alt_rejected_model_name_h3.log").read_text()
+    assert "Application startup complete" in good and "Application startup complete" not in failed
+    assert [e.kind for e in parse_log(failed).errors] == ["free_memory_low"]  # each alone, as recorded
+    restarted = parse_log(failed + good)
+    assert restarted.errors == () and restarted.non_default_args == parse_log(good).non_default_args
+    assert not [f for f in diagnose(prepare([], log_text=failed + good)) if f.severity == "critical"]
+    now_failing = diagnose(prepare([], log_text=good + failed))
+    assert now_failing[0].id == "startup_free_memory_low" and now_failing[0].severity == "critical"
+
+
+def test_an_out_of_memory_line_after_a_real_start_is_not_a_startup_out_of_memory() -> None:
+    """A real log of a server that came up, then a CUDA OOM line with no engine death after it: not "the
+    server cannot start"."""
+    good = (INCIDENTS / "heldout" / "alt_rejected_model_name_h3.log").read_text()
+    text = good + "(EngineCore pid=9) ERROR 12-07 10:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
+    assert parse_log(text).errors == ()
+    assert not [f for f in diagnose(prepare([], log_text=text)) if f.id.startswith("startup")]

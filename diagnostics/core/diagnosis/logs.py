@@ -130,6 +130,10 @@ _IN_FLIGHT = re.compile(r"\[shutdown\] EngineCore: (?P<how>aborting|draining) in
 _STREAM_CUT = re.compile(r"\[serving\.py:\d+\].*\bEngineDeadError\b")
 _SERVING = re.compile(r"Application startup complete|Starting vLLM (?:API )?server|Uvicorn running on")
 _STARTED = re.compile(r"Application startup complete")
+# Where a server's start begins (its banner's version line, the non-default args it echoes): a log of a
+# restarted container (``docker logs``) holds several, and only the last start's errors say whether it
+# can start now.
+_ATTEMPT = re.compile(r"non-default args: \{|vLLM (?:API )?server version \d|\sversion \d+\.\d+\.\d+\S*\s*$")
 
 # The kinds of a failed start outside the memory family: they only count in a log whose server never
 # came up (vLLM raises each at startup; none is logged by a server that then serves).
@@ -432,7 +436,9 @@ def _failed_start(errors: dict[str, LogError], lines: list[str], args: dict[str,
     a pydantic field's, a validation error naming an echoed arg); and, when no known error explains
     the failure, the line that does (``startup_failed``)."""
     if started is not None:
-        return {k: e for k, e in errors.items() if k not in FAILED_START_KINDS}
+        # The (last) start came up: no startup error stands, the memory family's included (an OOM logged
+        # after "Application startup complete" is a runtime one, a death the died-serving finding reads).
+        return {k: e for k, e in errors.items() if k == "engine_dead"}
     if "tp_kv_heads" in errors:
         resolved = _kv_heads(errors.pop("tp_kv_heads"), args)
         if resolved is not None:
@@ -471,6 +477,9 @@ def parse_log(text: str) -> LogFacts:
     started: int | None = None
     lines = text.splitlines()
     for line_no, line in enumerate(lines, start=1):
+        if _ATTEMPT.search(line) and (started is not None or errors):
+            # A new start after an earlier one came up or failed: only this one's errors and args count.
+            errors, args, started = {}, {}, None
         if serving is None and _SERVING.search(line):
             serving = line_no
         if started is None and _STARTED.search(line):
