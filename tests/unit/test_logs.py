@@ -92,6 +92,20 @@ def test_free_memory_suggests_what_fits() -> None:
     assert f.suggestions[0].value == 0.37  # 30.5 / 79.1 = 0.386, less a 0.02 margin
 
 
+@pytest.mark.parametrize(("free", "value"), [(2.0, None), (5.6, 0.05)])
+def test_free_memory_below_the_lowest_utilization_gives_no_value_that_would_fail_again(
+        free: float, value: float | None) -> None:
+    """Issue 42: 2.0 of 79.1 GiB free is 0.025 of the device, less the margin 0.005, under the 0.05 floor:
+    0.05 (3.96 GiB) would fail again, so no value, and the card says to free the device. 5.6 GiB is 0.071,
+    less 0.02: 0.05 fits (3.96 ≤ 5.6)."""
+    text = (f"ValueError: Free memory on device cuda:0 ({free}/79.1 GiB) on startup is less than desired GPU "
+            "memory utilization (0.9, 71.2 GiB).")
+    f = diagnose(prepare([], log_text=text))[0]
+    assert (f.suggestions[0].flag, f.suggestions[0].value) == ("--gpu-memory-utilization", value)
+    if value is None:
+        assert "Free the device first" in f.suggestions[0].why and "3.96 GiB" in f.suggestions[0].why
+
+
 def test_a_healthy_startup_log_has_no_finding() -> None:
     text = ("INFO vLLM API server version 0.11.0\nINFO Available KV cache memory: 40.25 GiB\n"
             "INFO GPU KV cache size: 1,234,560 tokens\nINFO Maximum concurrency for 32,768 tokens per request: 37.68x\n"

@@ -40,9 +40,20 @@ def test_goals_as_a_person_types_them() -> None:
     assert parse_goal("ITL-P99.9=250") == Goal("itl_p999_seconds", 0.25)  # a bare latency is in ms, as budgets are
     assert parse_goal("throughput=500") == Goal("output_tokens_per_second", 500.0)
     assert parse_goal("preemptions=0") == Goal("preemptions_per_minute", 0.0)
+    assert parse_goal("throughput=500tok/s") == Goal("output_tokens_per_second", 500.0)
+    assert parse_goal("preemptions=2/min") == Goal("preemptions_per_minute", 2.0)
     for bad in ("itl=100ms", "itl-p99", "itl-p99=fast", "ttft-p95=-1s"):
         with pytest.raises(ValueError):
             parse_goal(bad)
+
+
+@pytest.mark.parametrize("typed", ["itl-p99=2/min", "ttft-p95=3tok/s", "throughput=2ms", "throughput=2s",
+                                   "preemptions=1s", "waiting=4/s"])
+def test_a_unit_of_another_kind_of_goal_is_refused_with_the_units_this_one_takes(typed: str) -> None:
+    """Issue 42: a rate's unit on a latency (or a latency's on a rate) was read as the goal's own unit
+    (``itl-p99=2/min`` became 2 s): refused, naming what this goal takes."""
+    with pytest.raises(ValueError, match="is not a unit of"):
+        parse_goal(typed)
 
 
 def test_a_goal_is_met_or_missed_by_hand_arithmetic() -> None:

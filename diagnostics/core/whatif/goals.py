@@ -90,9 +90,18 @@ def parse_goal(text: str) -> Goal:
     if m is None:
         raise ValueError(f"goal {text!r}: {raw!r} is not a number (100ms, 2s, 500)")
     value, unit = float(m.group(1)), m.group(2)
+    allowed = _UNITS.get(metric, ())
+    if unit is not None and unit not in allowed:
+        said = " or ".join(allowed) if allowed else "no unit"
+        raise ValueError(f"goal {text!r}: {unit!r} is not a unit of {name.strip()} (write {said}, or a bare number)")
     if metric.endswith("_seconds"):
         value = value / 1000 if unit in (None, "ms") else value  # a bare latency is in ms, as budgets are
     return Goal(metric, value)
+
+
+# The units each kind of goal takes (a bare number is always allowed: ms for a latency).
+_UNITS = {**{m: ("ms", "s") for m in GOAL_NAMES.values() if m.endswith("_seconds")},
+          "output_tokens_per_second": ("tok/s", "/s"), "preemptions_per_minute": ("/min",)}
 
 
 def keep_goal(name: str, base: Baseline) -> Goal:

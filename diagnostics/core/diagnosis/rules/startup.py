@@ -51,11 +51,20 @@ def startup_log(ctx: Context) -> list[Finding]:
                            Suggestion("--tensor-parallel-size", "increase", None, "Spread the weights over GPUs.")]
         elif error.kind == "free_memory_low":
             free, total = n.get("free_gib"), n.get("total_gib")
-            value = round(max(t.min_gpu_memory_utilization, free / total - t.free_memory_margin_perc), 2) \
-                if free and total else None
-            suggestions = [Suggestion("--gpu-memory-utilization", "decrease", value,
-                                      f"Only {free} of {total} GiB is free on the device (another process holds "
-                                      "the rest)." if free else "Ask for no more than is free.")]
+            fits = free / total - t.free_memory_margin_perc if free and total else None
+            if fits is not None and fits < t.min_gpu_memory_utilization:
+                # Even the lowest utilization worth serving with asks for more than is free: a value would
+                # fail again, so none is given and the memory has to be freed first.
+                suggestions = [Suggestion("--gpu-memory-utilization", "decrease", None,
+                                          f"Only {free} of {total} GiB is free on the device: even "
+                                          f"{t.min_gpu_memory_utilization:g} would ask for "
+                                          f"{t.min_gpu_memory_utilization * total:.2f} GiB. Free the device first "
+                                          "(another process holds the rest: nvidia-smi), or start on another one.")]
+            else:
+                value = round(fits, 2) if fits is not None else None
+                suggestions = [Suggestion("--gpu-memory-utilization", "decrease", value,
+                                          f"Only {free} of {total} GiB is free on the device (another process holds "
+                                          "the rest)." if free else "Ask for no more than is free.")]
         elif error.kind == "oom_model_load":
             suggestions = [
                 Suggestion("--gpu-memory-utilization", "decrease", None, "vLLM: free memory for the weights."),
