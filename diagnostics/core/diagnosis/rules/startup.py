@@ -52,7 +52,7 @@ def startup_log(ctx: Context) -> list[Finding]:
         elif error.kind == "free_memory_low":
             free, total = n.get("free_gib"), n.get("total_gib")
             fits = free / total - t.free_memory_margin_perc if free and total else None
-            if fits is not None and fits < t.min_gpu_memory_utilization:
+            if fits is not None and total and fits < t.min_gpu_memory_utilization:
                 # Even the lowest utilization worth serving with asks for more than is free: a value would
                 # fail again, so none is given and the memory has to be freed first.
                 suggestions = [Suggestion("--gpu-memory-utilization", "decrease", None,
