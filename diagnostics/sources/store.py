@@ -129,9 +129,11 @@ class HistoryStore:
 
     def __init__(self, data_dir: str | Path, policy: StorePolicy = DEFAULT_POLICY, *, write: bool = True,
                  clock: Callable[[], float] = time.time, busy_timeout_seconds: float = 2.0,
-                 hard_limit_bytes: int | None = None) -> None:
+                 hard_limit_bytes: int | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
         """``hard_limit_bytes`` stands for the disk's own limit (tests fill it); the policy's
-        ``max_bytes`` is what pruning keeps to."""
+        ``max_bytes`` is what pruning keeps to. ``monotonic`` is the writer's own clock, which decides
+        when a batch is committed without a flush (``policy.batch_seconds``); a test that stalls it
+        commits only on :meth:`flush`."""
         problems = policy.problems()
         if problems:
             raise ValueError("; ".join(problems))
@@ -139,6 +141,7 @@ class HistoryStore:
         self.dir = Path(data_dir)
         self.path = self.dir / FILE_NAME
         self._clock = clock
+        self._monotonic = monotonic
         self._timeout = busy_timeout_seconds
         self._hard_limit = hard_limit_bytes
         self._write_lock = threading.Lock()  # one transaction at a time on the writer connection
@@ -269,14 +272,16 @@ class HistoryStore:
         except queue.Full:
             self._num_dropped += 1
 
-    def flush(self, timeout: float = 10.0) -> None:
-        """Wait until everything queued so far is committed (tests, clean shutdown)."""
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until the writer has taken everything queued so far (committed it, or failed and said so in
+        :attr:`state`): True; False when there is no writer, or it did not get there within ``timeout``
+        (tests, clean shutdown)."""
         if self._thread is None or not self._thread.is_alive():
-            return
+            return False
         with self._flushed:
             target = self._num_flushes + 1
             self._queue.put(_Item("", flush=True))
-            self._flushed.wait_for(lambda: self._num_flushes >= target, timeout)
+            return self._flushed.wait_for(lambda: self._num_flushes >= target, timeout)
 
     def close(self) -> None:
         """Commit what is queued, write the coarse tiers' open chunks, and let go of the directory."""
@@ -294,13 +299,14 @@ class HistoryStore:
 
     def _run(self) -> None:
         batch = self.policy.batch_seconds
-        deadline = time.monotonic() + batch
+        now = self._monotonic
+        deadline = now() + batch
         stopping = False
         while not stopping:
             flush_now = False
             item: _Item | None
             try:
-                item = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+                item = self._queue.get(timeout=min(batch, max(0.01, deadline - now())))
             except queue.Empty:
                 item = _Item("")
             began = time.thread_time()
@@ -310,9 +316,9 @@ class HistoryStore:
                 flush_now = True
             elif item.row is not None or item.raw:
                 self._take(item)
-            if flush_now or time.monotonic() >= deadline:
+            if flush_now or now() >= deadline:
                 self._commit(final=stopping)
-                deadline = time.monotonic() + batch
+                deadline = now() + batch
             self.writer_cpu_seconds += time.thread_time() - began
             if flush_now:
                 with self._flushed:

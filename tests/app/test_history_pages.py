@@ -28,7 +28,7 @@ def store(tmp_path: Path) -> Iterator[HistoryStore]:
     for record, scrape in zip(recording.records, scrapes, strict=True):
         opened.record(URL, Scrape(scrape.ts + shift, scrape.snapshot, scrape.error, scrape.error_kind), None,
                       record.info)
-    opened.flush()
+    assert opened.flush()
     use_history_store(opened)
     yield opened
     use_history_store(None)
