@@ -495,3 +495,35 @@ def test_answers_in_flight_at_the_start_are_at_most_what_the_engine_finished_in_
     o = outcomes(prepare(history))
     assert o.lag_at_start == 6  # capped at the first interval's 6 finished, not the lifetime 50
     assert (o.answered, o.engine_requests, o.gave_up) == (72, 54, 72 - 54 - 6)
+
+
+# -- issue 42: edges the first tests did not pin ------------------------------------------------------------
+
+
+def _shed_then_failed() -> list[Scrape]:
+    """Seconds 0-5: 10 answered 2xx and 10 shed with 503 a second; seconds 5-10: 10 answered 2xx and 4
+    answered 500 a second (no shedding)."""
+    def at(t: int) -> Scrape:
+        shed = 10 * min(t, 5)
+        five = shed + 4 * max(0, t - 5)
+        return Scrape(float(t), parse_snapshot(text(http=(10 * t, 0, five), finished=(0, 10 * t, 0, 0))
+                                               + f'vllm:admission_rejections_total{{model_name="m",'
+                                                 f'reason="max_num_queued_reqs"}} {shed}\n'))
+    return [at(t) for t in range(11)]
+
+
+def test_the_seconds_that_only_shed_load_are_not_in_the_failing_range() -> None:
+    o = outcomes(prepare(_shed_then_failed()))
+    assert (o.shed, o.server_errors) == (50, 20)
+    assert o.failed_range == (5.0, 10.0)  # the 500s began at second 5; the 503s before are load shed
+    assert outcome(_shed_then_failed(), "requests_failed").time_range == (5.0, 10.0)
+
+
+@pytest.mark.parametrize(("failed_per_s", "fires"), [(0, False), (1, False), (2, True)])
+def test_the_failure_share_is_judged_from_below(failed_per_s: int, fires: bool) -> None:
+    """100 answered 2xx a second for 10 s beside some 500s: none is quiet; one a second is 10 of 1,010
+    requests (0.99 %, under the 1 % share, though over the 3-request minimum) and stays quiet; two a
+    second, 20 of 1,020 (1.96 %), is a failure finding."""
+    history = [Scrape(float(t), parse_snapshot(text(http=(100 * t, 0, failed_per_s * t),
+                                                    finished=(0, 100 * t, 0, 0)))) for t in range(11)]
+    assert ("requests_failed" in ids(history)) is fires
