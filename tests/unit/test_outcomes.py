@@ -527,3 +527,18 @@ def test_the_failure_share_is_judged_from_below(failed_per_s: int, fires: bool) 
     history = [Scrape(float(t), parse_snapshot(text(http=(100 * t, 0, failed_per_s * t),
                                                     finished=(0, 100 * t, 0, 0)))) for t in range(11)]
     assert ("requests_failed" in ids(history)) is fires
+
+
+def test_answers_unfinished_across_a_restart_are_the_outages_not_give_ups() -> None:
+    """4 s of 10 answers and 6 finished a second (streams the engine never finished), then the process
+    restarted (its start time moved, the counters began again) and served cleanly: the unfinished answers
+    went with the restart, so no clients_gave_up; the same numbers with no restart are give-ups."""
+    def run(restart: bool) -> list[Scrape]:
+        first = [Scrape(float(t), parse_snapshot(text(http=(10 * t, 0, 0), finished=(0, 6 * t, 0, 0),
+                                                      running=2, waiting=1))) for t in range(5)]
+        later = [Scrape(5.0 + t, parse_snapshot(text(http=((0 if restart else 40) + 10 * t, 0, 0),
+                                                     finished=(0, (0 if restart else 24) + 10 * t, 0, 0),
+                                                     started_at=2000 if restart else 1000))) for t in range(5)]
+        return first + later
+    assert "clients_gave_up" not in ids(run(restart=True))
+    assert "clients_gave_up" in ids(run(restart=False))
