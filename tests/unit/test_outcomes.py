@@ -542,3 +542,13 @@ def test_answers_unfinished_across_a_restart_are_the_outages_not_give_ups() -> N
         return first + later
     assert "clients_gave_up" not in ids(run(restart=True))
     assert "clients_gave_up" in ids(run(restart=False))
+
+
+def test_the_cut_share_is_of_the_sequences_finished_not_of_those_aborted() -> None:
+    """Each second 1 answer cut at 512 (300 + 212 tokens) and 30 requests aborted by their clients: the cut
+    share is of what finished (1 of 1 a second), not of 31; counting the aborts would put it at 3 %, under
+    the 5 % share, and hide the cut answers."""
+    history = seconds(10, http=(31, 0, 0), finished=(0, 1, 30, 0), lengths=(300, 212, 1))
+    found = outcome(history, "answers_cut_at_context", max_model_len=512)
+    assert found.evidence["cut_at_context"] == 9 and found.evidence["cut_share_perc"] == 1.0
+
