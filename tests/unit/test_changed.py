@@ -260,3 +260,24 @@ def test_more_running_at_the_same_request_rate_is_slowness_only_from_an_engine_i
     if finding is not None:
         more = next(r for r in finding.evidence["causes"] if r["cause"] == "more_load")
         assert more["fit"] == "ruled_out" and "each request stayed longer" in more["because"]
+
+
+def test_p99_is_judged_only_where_p95_did_not_move() -> None:
+    """The default window's ITL p95 rose 3× (and its p99 with it): the finding says p95, once; the tail is
+    read only when p95 held (test_a_tail_that_rises_while_p95_holds_is_a_change_on_enough_gaps)."""
+    finding = _changed(diagnose(prepare(changed_window())))
+    assert finding is not None and "ITL p95 rose" in finding.title and "ITL p99" not in finding.title
+    assert "itl_p99_before" not in finding.evidence
+
+
+def test_a_rate_per_running_request_is_not_judged_when_the_gauges_are_blind() -> None:
+    """Tokens a second fell fourfold at 4 running (test_tokens_per_second_per_running_request_that_falls…),
+    but with the running gauge reading 0 at every scrape while tokens flowed (gauges blind), no per-request
+    rate can be formed, so that change is not claimed from it."""
+    fewer = [0.0, 50.0] + [0.0] * 12
+    blind = [{**s, "running": 0.0} for s in [
+        {"gen": 200.0 if t < 15 else 50.0, "prompt": 100.0, "itl_counts": list(FAST) if t < 15 else fewer,
+         "running": 4.0, "usage": 0.2} for t in range(30)]]
+    assert _changed(diagnose(prepare(cumulative(blind)))) is None
+    seen = _changed(diagnose(prepare(changed_window(slow=fewer, gen_after=50))))
+    assert seen is not None and "Tokens/s per running request fell" in seen.title
