@@ -269,3 +269,18 @@ def test_an_out_of_memory_line_after_a_real_start_is_not_a_startup_out_of_memory
     text = good + "(EngineCore pid=9) ERROR 12-07 10:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
     assert parse_log(text).errors == ()
     assert not [f for f in diagnose(prepare([], log_text=text)) if f.id.startswith("startup")]
+
+
+def test_a_generic_cuda_oom_stands_beside_a_specific_error_unless_an_oom_of_its_own_explains_it() -> None:
+    """Issue 42: a failed start that says both "KV too small" and a generic CUDA OOM lists both (the OOM is
+    news beside it); one whose specific error is itself an OOM (the sampler warm-up's) does not repeat the
+    generic line; a generic OOM alone is the finding."""
+    kv = ("ValueError: To serve at least one request with the models's max seq len (2048), (1.50 GiB KV cache is "
+          "needed, which is larger than the available KV cache memory (0.75 GiB). Based on the available memory, "
+          "the estimated maximum model length is 1024.")
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    sampler = ("RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy requests. "
+               "Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.")
+    assert [e.kind for e in parse_log(_log(kv, oom)).errors] == ["kv_too_small", "cuda_oom"]
+    assert "cuda_oom" not in [e.kind for e in parse_log(_log(sampler, oom)).errors]
+    assert [e.kind for e in parse_log(_log(oom)).errors] == ["cuda_oom"]
