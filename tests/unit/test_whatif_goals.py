@@ -204,3 +204,22 @@ def test_the_cap_is_lowered_as_far_as_a_thirty_second_of_what_ran_by_hand() -> N
     assert [s.size for s in down] == pytest.approx([0.415, 1, 2, 3, 4, 5], abs=1e-3)
     assert all(s.flag == "--max-num-seqs" for s in down) and not any(s.axis == "seqs-up" for s in steps)
     assert [s.value for s in _candidates_for(10.0) if s.axis == "seqs-down"] == ["8", "5", "2", "1"]
+
+
+def test_keep_holds_a_rate_from_below_and_a_latency_from_above_by_five_percent() -> None:
+    """Issue 42: ``--keep throughput`` is "at least 95 % of the replay under the current flags", ``--keep
+    itl-p95`` "at most 105 %" — the direction follows the metric (more tokens/s is better, less latency)."""
+    from diagnostics.core.whatif.goals import keep_goal
+
+    scrapes = recording("queue_cap_burst")
+    base = whatif.baseline(scrapes, KnownFlags())
+    rate, itl = base.before.metrics["output_tokens_per_second"], base.before.metrics["itl_p95_seconds"]
+    assert rate and itl
+    kept = keep_goal("throughput", base)
+    assert kept.at_least and kept.limit == pytest.approx(0.95 * rate)
+    assert kept.met(rate) and not kept.met(0.9 * rate)
+    latency = keep_goal("itl-p95", base)
+    assert not latency.at_least and latency.limit == pytest.approx(1.05 * itl)
+    assert latency.met(itl) and not latency.met(1.1 * itl)
+    with pytest.raises(ValueError, match="no such metric"):
+        keep_goal("latency", base)
