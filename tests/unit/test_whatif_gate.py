@@ -92,6 +92,9 @@ def test_each_finding_is_checked_on_what_it_is_about() -> None:
     assert whatif.aimed_for(["slow_decode"]) == ("itl_p95_seconds",)
     assert whatif.aimed_for(["gpu_saturated", "kv_pressure"]) == ("preemptions_per_minute",)  # first that has one
     assert whatif.aimed_for([]) == ("output_tokens_per_second",)
+    # Two aimed findings: the first (the most severe) decides, in either order (issue 42).
+    assert whatif.aimed_for(["kv_pressure", "slow_decode"]) == ("preemptions_per_minute",)
+    assert whatif.aimed_for(["slow_decode", "kv_pressure"]) == ("itl_p95_seconds",)
 
 
 # -- on real recordings ---------------------------------------------------------------------------
