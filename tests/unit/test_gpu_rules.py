@@ -5,6 +5,8 @@ busy one (utilisation pegged at a modest power draw), a KV-bound queue and a cap
 
 from __future__ import annotations
 
+import pytest
+
 from diagnostics.core.diagnosis import diagnose, prepare
 from diagnostics.core.diagnosis.rules import gpu
 from diagnostics.core.metrics.gpu import ClockEvent
@@ -182,3 +184,11 @@ def test_saturation_is_judged_on_the_median_utilisation_not_the_last_reading() -
     mostly_idle = [gpu_readings(9, **dict(DRAWN, utilization_gpu_perc=u))[i]
                    for i, u in enumerate([0.5] * 8 + [0.97])]
     assert gpu.gpu_saturated(prepare(waiting, gpus=mostly_idle)) == []
+
+
+@pytest.mark.parametrize(("readings", "saturated"), [(2, False), (3, True)])
+def test_saturation_needs_three_readings_of_the_device(readings: int, saturated: bool) -> None:
+    """Issue 42: two GPU readings are too few to call a board saturated (gpu_min_readings = 3); three,
+    at 665 of 700 W with requests waiting, are enough."""
+    ctx = prepare(steady(20, running=64, waiting=12, usage=0.5), gpus=gpu_readings(readings, **DRAWN))
+    assert bool(gpu.gpu_saturated(ctx)) is saturated
