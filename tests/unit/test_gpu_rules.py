@@ -192,3 +192,18 @@ def test_saturation_needs_three_readings_of_the_device(readings: int, saturated:
     at 665 of 700 W with requests waiting, are enough."""
     ctx = prepare(steady(20, running=64, waiting=12, usage=0.5), gpus=gpu_readings(readings, **DRAWN))
     assert bool(gpu.gpu_saturated(ctx)) is saturated
+
+
+def test_gpu_0_of_two_hosts_is_two_devices() -> None:
+    """Issue 42: dcgm-exporter behind a fleet names each board's host; GPU 0 of node-a (saturated, 665 W)
+    and GPU 0 of node-b (idle, 100 W) are judged apart: one finding, for node-a's, not a median of both."""
+    from dataclasses import replace
+
+    from diagnostics.core.metrics.gpu import GpuReading
+
+    [(_, one)] = gpu_readings(1, **DRAWN)[:1]
+    busy = replace(one.devices[0], host="node-a", uuid="GPU-a")
+    idle = replace(one.devices[0], host="node-b", uuid="GPU-b", power_watts=100.0, utilization_gpu_perc=0.1)
+    readings = [(float(t), GpuReading((busy, idle), source="test")) for t in range(20)]
+    found = gpu.gpu_saturated(prepare(steady(20, running=64, waiting=12, usage=0.5), gpus=readings))
+    assert [f.evidence["host"] for f in found] == ["node-a"]
