@@ -464,3 +464,34 @@ def test_flush_says_when_it_gave_up_and_what_was_queued_is_written_once_the_writ
         assert "locked" in (store.state.message or "")
     store.close()
     assert HistoryStore(tmp_path, _small_policy(), clock=clock, write=False).flush() is False
+
+
+def test_a_range_carries_the_server_info_stored_last_before_its_end(tmp_path: Path) -> None:
+    """Issue 42: the server was upgraded at second 50 (its info stored then); a range ending at 30 shows the
+    version it ran then, one ending at 70 the new one, and a range before any info the first one stored."""
+    clock = Clock()
+    url = "http://fake:8000"
+    store = HistoryStore(tmp_path, _small_policy(), clock=clock, monotonic=lambda: 0.0)
+    for t in range(80):
+        info = {"version": "0.31.0"} if t == 5 else {"version": "0.32.0"} if t == 50 else None
+        store.record(url, synth.scrape(clock.now + t, gen=float(t)), info=info)
+    assert store.flush()
+    assert store.read(url, clock.now, clock.now + 30).info == {"version": "0.31.0"}
+    assert store.read(url, clock.now, clock.now + 70).info == {"version": "0.32.0"}
+    assert store.read(url, clock.now, clock.now + 2).info == {"version": "0.31.0"}  # before any: the first
+    store.close()
+
+
+def test_a_read_over_the_row_cap_is_aggregated_to_it(tmp_path: Path) -> None:
+    """Issue 42: 80 rows asked with a cap of 20 come back as at most 20 (4 s aggregates), over the same span."""
+    clock = Clock()
+    url = "http://fake:8000"
+    store = HistoryStore(tmp_path, _small_policy(), clock=clock, monotonic=lambda: 0.0)
+    for t in range(80):
+        store.record(url, synth.scrape(clock.now + t, gen=float(t)))
+    assert store.flush()
+    whole = store.read(url, clock.now, clock.now + 79)
+    capped = store.read(url, clock.now, clock.now + 79, max_rows=20)
+    assert len(whole.rows) == 80 and 0 < len(capped.rows) <= 20
+    assert capped.rows[0].ts >= clock.now and capped.rows[-1].ts <= clock.now + 79
+    store.close()
