@@ -223,3 +223,32 @@ def test_keep_holds_a_rate_from_below_and_a_latency_from_above_by_five_percent()
     assert latency.met(itl) and not latency.met(1.1 * itl)
     with pytest.raises(ValueError, match="no such metric"):
         keep_goal("latency", base)
+
+
+def _flat(seconds: int, waiting_from: int | None = None) -> list[Scrape]:
+    """``seconds`` of one scrape a second with the same ITL every second (200 gaps in (25, 50] ms), and
+    requests waiting from ``waiting_from`` on."""
+    from tests.unit.synth import cumulative
+
+    return cumulative([{"gen": 200.0, "itl_counts": [0.0, 0.0, 200.0] + [0.0] * 11, "running": 4.0,
+                        "waiting": 5.0 if waiting_from is not None and t >= waiting_from else 0.0, "usage": 0.2}
+                       for t in range(seconds)])
+
+
+def test_on_a_tie_the_latest_part_is_searched() -> None:
+    """Issue 42: every 15 s part of a flat 60 s window misses a 10 ms ITL goal alike: the latest one is
+    searched (the incident as it is now), ending at the window's last scrape."""
+    scrapes = _flat(60)
+    span = worst_span(scrapes, [Goal("itl_p95_seconds", 0.01)], 15.0)
+    assert span[-1].ts == scrapes[-1].ts and span[-1].ts - span[0].ts <= 15.0
+
+
+def test_a_span_reaches_back_to_where_nothing_waited_but_not_past_three_spans() -> None:
+    """Requests waited from second 40 of 60: the last 15 s span reaches back to second 39, the last scrape
+    with nothing waiting, so the queue's start is replayed. Waiting from second 5 (a queue older than three
+    spans, 45 s, back from the end): the span is not stretched."""
+    goal = [Goal("itl_p95_seconds", 0.01)]
+    recent = worst_span(_flat(60, waiting_from=40), goal, 15.0)
+    assert recent[0].ts == 39.0 and recent[-1].ts == 59.0
+    old = worst_span(_flat(60, waiting_from=5), goal, 15.0)
+    assert old[-1].ts - old[0].ts <= 15.0
