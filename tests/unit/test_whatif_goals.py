@@ -101,6 +101,12 @@ def test_a_queue_at_the_cap_is_answered_with_the_smallest_cap_that_meets_the_ttf
         miss = base.predict({s.flag: s.value}).after.metrics["ttft_p95_seconds"]
         assert miss is None or miss > goal.limit, s
     assert len(answer.to_json()["next_best"]) == 2
+    # Issue 42: once a step met the goals, no bigger step on its axis is an answer (a bigger change of the
+    # same flag), and the answers come smallest first.
+    axes = [t.steps[0].axis for t in answer.found if len(t.steps) == 1]
+    assert len(axes) == len(set(axes))
+    sizes = [t.size for t in answer.found]
+    assert sizes == sorted(sizes)
 
 
 def test_when_nothing_modelled_meets_the_goals_it_says_so_and_what_the_closest_reaches() -> None:
