@@ -407,3 +407,16 @@ def test_a_field_named_only_in_pydantics_input_dump_is_not_the_flag() -> None:
     named = given.replace("are not supported for now.", "are not supported for now with stream_interval.")
     first = _top(named)
     assert (first.id, first.suggestions[0].flag) == ("startup_invalid_argument", "--stream-interval")
+
+
+def test_a_cut_log_of_a_server_whose_metrics_answer_is_not_called_unconfirmed() -> None:
+    """Issue 42: the same log cut before "Application startup complete", beside a real recording whose
+    scrapes answered: the server is up, so the cut log is no "not confirmed" warning."""
+    from diagnostics.recording import read_recording
+
+    lines = (FIXTURES / "log-0.32.0-kv-too-small-for-max-model-len.txt").read_text().splitlines()
+    cut = "\n".join(lines[:8]) + "\n"
+    scrapes = list(read_recording(str(FIXTURES / "recording-tiny-burst-0.32.0.jsonl.gz")).scrapes())
+    assert any(s.snapshot is not None for s in scrapes)
+    assert "startup_not_confirmed" not in [f.id for f in diagnose(prepare(scrapes, log_text=cut))]
+    assert "startup_not_confirmed" in [f.id for f in diagnose(prepare([], log_text=cut))]
