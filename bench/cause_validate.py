@@ -25,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diagnostics.core.diagnosis import diagnose, prepare  # noqa: E402
-from diagnostics.core.diagnosis.outcomes import outcomes_of  # noqa: E402
+from diagnostics.core.diagnosis.outcomes import window_outcomes  # noqa: E402
+from diagnostics.core.diagnosis.rules.common import mean_from  # noqa: E402
 from diagnostics.core.diagnosis.types import Budgets  # noqa: E402
 from diagnostics.core.metrics.derive import Scrape, histogram_delta  # noqa: E402
 from diagnostics.recording import read_recording  # noqa: E402
@@ -42,23 +43,17 @@ def rejected(scrapes: list[Scrape]) -> float | None:
     """Requests answered 4xx. The recipes named their share, but the share moves with how many the served
     clients' closed loop got through (96 requests in the recording, 375 in an idle re-run): the count of
     refusals is what the change acts on."""
-    o = outcomes_of(tuple((s, s.snapshot) for s in scrapes if s.snapshot is not None), None)
-    return o.rejected
+    return window_outcomes(scrapes, None).rejected
 
 
-def mean_queue_seconds(scrapes: list[Scrape]) -> float | None:
-    hist = histogram_delta(scrapes, "request_queue_time_seconds")
-    return hist.sum / hist.count if hist is not None and hist.count > 0 else None
+def _mean(concept: str) -> Callable[[list[Scrape]], float | None]:
+    """The mean of one of the window's histograms (queue time, TTFT, ITL), over the whole run."""
+    return lambda scrapes: mean_from(histogram_delta(scrapes, concept))
 
 
-def mean_ttft_seconds(scrapes: list[Scrape]) -> float | None:
-    hist = histogram_delta(scrapes, "time_to_first_token_seconds")
-    return hist.sum / hist.count if hist is not None and hist.count > 0 else None
-
-
-def mean_itl_seconds(scrapes: list[Scrape]) -> float | None:
-    hist = histogram_delta(scrapes, "inter_token_latency_seconds")
-    return hist.sum / hist.count if hist is not None and hist.count > 0 else None
+mean_queue_seconds = _mean("request_queue_time_seconds")
+mean_ttft_seconds = _mean("time_to_first_token_seconds")
+mean_itl_seconds = _mean("inter_token_latency_seconds")
 
 
 def preemptions(scrapes: list[Scrape]) -> float | None:
@@ -67,16 +62,12 @@ def preemptions(scrapes: list[Scrape]) -> float | None:
     return seen[-1] - seen[0] if len(seen) >= 2 else None
 
 
-def _outcomes(scrapes: list[Scrape]):  # noqa: ANN202 (the core's Outcomes)
-    return outcomes_of(tuple((s, s.snapshot) for s in scrapes if s.snapshot is not None), None)
-
-
 def gave_up(scrapes: list[Scrape]) -> float | None:
-    return _outcomes(scrapes).gave_up
+    return window_outcomes(scrapes, None).gave_up
 
 
 def shed(scrapes: list[Scrape]) -> float | None:
-    return _outcomes(scrapes).shed
+    return window_outcomes(scrapes, None).shed
 
 
 @dataclass(frozen=True)
