@@ -552,3 +552,20 @@ def test_the_cut_share_is_of_the_sequences_finished_not_of_those_aborted() -> No
     found = outcome(history, "answers_cut_at_context", max_model_len=512)
     assert found.evidence["cut_at_context"] == 9 and found.evidence["cut_share_perc"] == 1.0
 
+
+
+def test_a_scrape_between_the_prompt_and_the_output_observation_claims_no_cut() -> None:
+    """vLLM observes request_prompt_tokens and request_generation_tokens one after the other for each
+    finished request, so a scrape can land between them: 5 prompts of 300 tokens counted but only 4
+    outputs of 212. Summed as if they were the same 4 sequences, 1,500 + 848 tokens over 4 of at most
+    511 would claim 304 cut answers; counts that disagree claim none."""
+    from diagnostics.core.diagnosis.outcomes import Step
+    from diagnostics.core.metrics.catalog import Histogram
+
+    def hist(count: float, total: float) -> Histogram:
+        return Histogram((1000.0, float("inf")), (count, count), total, count)
+
+    split = Step(0.0, 1.0, {"length": 4.0}, {"2xx": 4.0}, 4.0, 0.0, hist(5, 1500.0), hist(4, 848.0))
+    assert split.cut_at(512) == 0.0
+    whole = Step(0.0, 1.0, {"length": 4.0}, {"2xx": 4.0}, 4.0, 0.0, hist(4, 1200.0), hist(4, 848.0))
+    assert whole.cut_at(512) == 4.0  # 2,048 tokens in 4 sequences: each reached 512

@@ -212,3 +212,27 @@ def test_the_fleet_table_and_its_cli_show_the_outcome_shares_beside_goodput() ->
     text = render_fleet(rows, [])
     assert "38.0 % (41)" in text.splitlines()[1] and "gave up" in text.splitlines()[0]
     assert rows[0].to_json()["outcomes"]["rejected"] == 41
+
+
+def test_a_server_without_the_per_request_tpot_is_judged_per_token_gap_and_states_no_goodput() -> None:
+    """Servers before vLLM 0.9 export no request_time_per_output_token_seconds: the ITL budget falls
+    back to inter_token_latency_seconds, one observation per token gap, and no goodput is claimed from
+    it. queue_cap_burst with the per-request lines removed; the share from the raw bucket lines."""
+    from diagnostics.core.metrics.catalog import parse_snapshot
+    from diagnostics.core.metrics.derive import Scrape
+
+    recording = read_recording(INCIDENTS / "queue_cap_burst.jsonl.gz")
+    texts = [r.metrics for r in recording.records if r.metrics]
+    older = ["\n".join(line for line in t.splitlines() if "request_time_per_output_token" not in line) + "\n"
+             for t in texts]
+    scrapes = [Scrape(float(i), parse_snapshot(t)) for i, t in enumerate(older)]
+    name = "vllm:inter_token_latency_seconds"
+    within = _bucket(older[-1], name, "0.1") - _bucket(older[0], name, "0.1")
+    total = _bucket(older[-1], name, "+Inf") - _bucket(older[0], name, "+Inf")
+    assert total > 40  # token gaps, many more than the 40 requests
+    slo = slo_attainment(scrapes, None, 100.0)
+    assert slo is not None and slo.itl is not None and slo.itl.per == "token gap" and slo.itl.exact
+    assert slo.itl.share_at_least == pytest.approx(within / total)
+    assert slo.goodput_at_least is None and slo.text().startswith("goodput not stated")
+    with_tpot = slo_attainment(recording.scrapes(), None, 100.0)
+    assert with_tpot is not None and with_tpot.itl is not None and with_tpot.itl.per == "request"
