@@ -281,3 +281,16 @@ def test_a_rate_per_running_request_is_not_judged_when_the_gauges_are_blind() ->
     assert _changed(diagnose(prepare(cumulative(blind)))) is None
     seen = _changed(diagnose(prepare(changed_window(slow=fewer, gen_after=50))))
     assert seen is not None and "Tokens/s per running request fell" in seen.title
+
+
+def test_a_baseline_in_the_first_bucket_is_stated_at_its_bound_and_a_rise_from_it_claimed() -> None:
+    """Every early gap ≤ 10 ms (vLLM's first inter_token_latency bound: nothing is known below it), every
+    late one in (75, 100] ms. The baseline is stated as the most it can be, 10 ms, so the rise is at least
+    7.5×: a fast engine that slowed is not excused because its old speed sat in the first bucket. The
+    same late speed from the (75, 100] ms bucket is no rise at all."""
+    first = [200.0] + [0.0] * 13
+    finding = _changed(diagnose(prepare(changed_window(fast=first))))
+    assert finding is not None and "ITL p95 rose" in finding.title
+    assert finding.evidence["itl_p95_before"] == pytest.approx(0.010)
+    assert finding.evidence["itl_p95_after"] >= 0.075 and finding.evidence["itl_p95_factor"] >= 7.5
+    assert _changed(diagnose(prepare(changed_window(fast=SLOW)))) is None
