@@ -495,3 +495,75 @@ def test_a_read_over_the_row_cap_is_aggregated_to_it(tmp_path: Path) -> None:
     assert len(whole.rows) == 80 and 0 < len(capped.rows) <= 20
     assert capped.rows[0].ts >= clock.now and capped.rows[-1].ts <= clock.now + 79
     store.close()
+
+
+def test_a_range_from_the_raw_tiers_retention_edge_is_read_at_full_resolution(tmp_path: Path) -> None:
+    """Issue 42: retention drops whole chunks, so the raw tier's oldest row can sit up to one chunk (60 s
+    here) after the start of "the last 20 minutes" while the 10 s aggregates reach further back. A read
+    from 50 s before the raw tier's oldest row still comes from it, every scrape; from 70 s before, more
+    than a chunk is missing, and the aggregates that hold it answer."""
+    from diagnostics.core.store import Row
+
+    clock = Clock()
+    t0 = 3600.0  # on a chunk bound of every tier
+    clock.now = t0 + 1000
+    url = "http://fake:8000"
+    store = HistoryStore(tmp_path, _small_policy(), clock=clock, monotonic=lambda: 0.0)
+    store.write_rows(url, 1, [Row(synth.scrape(t0 + t, gen=float(t))) for t in range(0, 1000, 10)])
+    store.write_rows(url, 0, [Row(synth.scrape(t0 + t, gen=float(t))) for t in range(100, 1000)])
+    near = store.read(url, t0 + 50, t0 + 999)
+    assert near.tier == 0 and len(near.rows) == 900 and near.rows[0].ts == t0 + 100
+    far = store.read(url, t0 + 30, t0 + 999)
+    assert far.tier == 1 and far.rows[0].ts == t0 + 30
+    store.close()
+
+
+def test_past_the_size_cap_the_kept_metrics_text_goes_before_any_number(tmp_path: Path) -> None:
+    """Issue 42: the /metrics texts kept around outages are a convenience; the numbers are the history.
+    1.5 MB of kept text over two hours and ~0.3 MB of 15 s aggregates under a 1 MiB cap: the oldest
+    texts go, an hour at a time, and every aggregate stays."""
+    import os
+
+    from diagnostics.core.store import Row
+
+    clock = Clock()
+    clock.now = 10 * 86400.0
+    policy = StorePolicy(max_bytes=1 << 20)
+    store = HistoryStore(tmp_path, policy, clock=clock, monotonic=lambda: 0.0)
+    url = "http://fake:8000"
+    texts = tuple((clock.now - 7200 + i * 72, os.urandom(15_000)) for i in range(100))  # do not compress
+    store.record_raw(url, texts)
+    store.write_rows(url, 1, [Row(synth.scrape(clock.now - 3600 + i * 15, gen=float(i), usage=(i % 7) / 7))
+                              for i in range(240)])
+    assert store.flush()
+    store._maintain()  # noqa: SLF001 - the writer runs it every minute
+    conn = sqlite3.connect(store.path)
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    used = (conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]) * page
+    assert used <= policy.max_bytes
+    assert conn.execute("SELECT sum(num_rows) FROM chunks WHERE tier = 1").fetchone()[0] == 240
+    kept = [ts for (ts,) in conn.execute("SELECT ts FROM raw ORDER BY ts")]
+    assert 0 < len(kept) < 100 and kept[-1] == texts[-1][0]  # the newest texts stay
+    assert kept[0] > texts[0][0] + 3600  # the whole oldest hour went first
+    conn.close()
+    store.close()
+
+
+def test_a_read_over_the_row_cap_even_in_the_coarsest_tier_is_aggregated_to_it(tmp_path: Path) -> None:
+    """Issue 42: two hours of 1 min aggregates (the coarsest tier here) asked for with a cap of 5 come back
+    as at most 5 rows over the same span, with the same token increase: no tier meets the cap, so the read
+    aggregates what the coarsest one holds."""
+    from diagnostics.core.store import Row
+
+    clock = Clock()
+    t0 = 7200.0
+    clock.now = t0 + 7200
+    url = "http://fake:8000"
+    store = HistoryStore(tmp_path, _small_policy(), clock=clock, monotonic=lambda: 0.0)
+    rows = [Row(synth.scrape(t0 + 60 * i, gen=100.0 * i)) for i in range(120)]
+    store.write_rows(url, 2, rows)
+    got = store.read(url, t0, t0 + 7140, max_rows=5)
+    assert got.tier == 2 and 0 < len(got.rows) <= 5
+    history = [r.scrape for r in got.rows]
+    assert counter_increase(history, "generation_tokens") == (100.0 * 119, 7140.0)
+    store.close()

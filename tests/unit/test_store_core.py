@@ -125,6 +125,11 @@ def test_an_aggregate_keeps_the_last_gauge_and_its_peak() -> None:
     coarser = downsample(agg, 30.0)
     assert [r.ts for r in coarser] == [0.0, 29.0] and coarser[1].scrape.peak is not None
     assert coarser[1].scrape.peak.value("kv_cache_usage_perc") == 0.9
+    # An aggregate alone in its interval (a read's row cap close to the tier's own interval) keeps its
+    # peak too: it stands for ten scrapes, not one.
+    alone = downsample(agg, 10.0)
+    lone = {r.ts: r.scrape for r in alone}[19.0]
+    assert lone.peak is not None and lone.peak.value("kv_cache_usage_perc") == 0.9
 
 
 def test_an_outage_keeps_its_first_and_last_failure_and_the_recovery() -> None:
