@@ -569,3 +569,27 @@ def test_a_scrape_between_the_prompt_and_the_output_observation_claims_no_cut() 
     assert split.cut_at(512) == 0.0
     whole = Step(0.0, 1.0, {"length": 4.0}, {"2xx": 4.0}, 4.0, 0.0, hist(4, 1200.0), hist(4, 848.0))
     assert whole.cut_at(512) == 4.0  # 2,048 tokens in 4 sequences: each reached 512
+
+
+def test_a_real_server_whose_clients_gave_up_before_the_window_shows_none_inside_it() -> None:
+    """gave_up_then_served_cap2 (vLLM 0.32): 24 clients with a 1.5 s timeout at --max-num-seqs 2, then
+    2 clients that never outnumber the seats. The whole run counts the give-ups the recorder's own
+    clients saw; the window after the served_load mark, which begins with those give-ups in the lifetime
+    counters (2xx answered, never finished by the engine), counts none."""
+    from diagnostics.core.diagnosis.outcomes import window_outcomes
+    from diagnostics.recording import read_recording
+    from tests.fixtures.incidents.corpus import HERE, labels
+
+    label = labels()["gave_up_then_served_cap2"]
+    scrapes = read_recording(HERE / label["file"]).scrapes()
+    whole = window_outcomes(scrapes, None)
+    assert whole.gave_up == label["clients"]["failed"] == label["clients"]["by_status"]["-1"]
+    mark = next(e["ts"] for e in label["events"] if e["event"] == "served_load")
+    after = [s for s in scrapes if s.ts >= mark + 1.0]
+    first = after[0].snapshot
+    assert first is not None
+    before = first.by_label("http_requests")["2xx"] - first.histogram("request_params_n").count
+    assert before >= 100  # the earlier give-ups, in the lifetime counts the window starts from
+    window = window_outcomes(after, None)
+    assert window.gave_up == 0 and window.http("2xx") == window.engine_requests > 50
+    assert "clients_gave_up" not in ids(after)
