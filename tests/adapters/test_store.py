@@ -359,6 +359,18 @@ def test_only_the_configured_targets_are_kept(tmp_path: Path) -> None:
         store.close()
 
 
+def _maintained_within_cap(store: HistoryStore, policy: StorePolicy) -> sqlite3.Connection:
+    """Flush, run the writer's maintenance (it runs every minute), and check the file's used pages are
+    within the size cap; the connection, to look at what was kept."""
+    assert store.flush()
+    store._maintain()  # noqa: SLF001
+    conn = sqlite3.connect(store.path)
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    used = (conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]) * page
+    assert used <= policy.max_bytes
+    return conn
+
+
 def test_past_the_size_cap_the_coarsest_tiers_oldest_chunks_go_first(tmp_path: Path) -> None:
     import random
     from array import array
@@ -383,12 +395,7 @@ def test_past_the_size_cap_the_coarsest_tiers_oldest_chunks_go_first(tmp_path: P
     day = 86400.0
     store.write_rows(url, 3, [noisy(clock.now - 29 * day + i * 1800) for i in range(600)])  # ~12 days
     store.write_rows(url, 1, [noisy(clock.now - 3600 + i * 15) for i in range(200)])
-    assert store.flush()
-    store._maintain()  # noqa: SLF001 - the writer runs it every minute
-    conn = sqlite3.connect(store.path)
-    page = conn.execute("PRAGMA page_size").fetchone()[0]
-    used = (conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]) * page
-    assert used <= policy.max_bytes
+    conn = _maintained_within_cap(store, policy)
     (kept_1,) = conn.execute("SELECT sum(num_rows) FROM chunks WHERE tier = 1").fetchone()
     oldest_3, kept_3 = conn.execute("SELECT min(start_ts), sum(num_rows) FROM chunks WHERE tier = 3").fetchone()
     assert kept_1 == 200  # the finer tier untouched
@@ -535,12 +542,7 @@ def test_past_the_size_cap_the_kept_metrics_text_goes_before_any_number(tmp_path
     store.record_raw(url, texts)
     store.write_rows(url, 1, [Row(synth.scrape(clock.now - 3600 + i * 15, gen=float(i), usage=(i % 7) / 7))
                               for i in range(240)])
-    assert store.flush()
-    store._maintain()  # noqa: SLF001 - the writer runs it every minute
-    conn = sqlite3.connect(store.path)
-    page = conn.execute("PRAGMA page_size").fetchone()[0]
-    used = (conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]) * page
-    assert used <= policy.max_bytes
+    conn = _maintained_within_cap(store, policy)
     assert conn.execute("SELECT sum(num_rows) FROM chunks WHERE tier = 1").fetchone()[0] == 240
     kept = [ts for (ts,) in conn.execute("SELECT ts FROM raw ORDER BY ts")]
     assert 0 < len(kept) < 100 and kept[-1] == texts[-1][0]  # the newest texts stay
