@@ -31,7 +31,16 @@ from diagnostics.core.metrics.catalog import Layout
 from diagnostics.core.metrics.derive import Scrape
 from diagnostics.core.metrics.gpu import GpuReading
 from diagnostics.core.metrics.info import ServerInfo, TargetStatus
-from diagnostics.core.store import DEFAULT_POLICY, Downsampler, Row, StorePolicy, decode_chunk, downsample, encode_chunk
+from diagnostics.core.store import (
+    DEFAULT_POLICY,
+    Downsampler,
+    Row,
+    StorePolicy,
+    decode_chunk,
+    downsample,
+    downsample_within,
+    encode_chunk,
+)
 from diagnostics.core.store.codec import exposition, layout_from_json, layout_to_json
 from diagnostics.errors import DiagnosticsError
 from diagnostics.recording import Record
@@ -622,7 +631,7 @@ class HistoryStore:
         except sqlite3.Error as exc:
             raise StoreError(f"history store {self.path} cannot be read ({_kind(exc)}: {exc})") from None
         if len(rows) > limit:
-            rows = _within(rows, end - start, limit)
+            rows = downsample_within(rows, end - start, limit)
         return StoredRange(url, start, end, rows, json.loads(info[0]) if info else None, tier)
 
     def texts(self, url: str, start: float, end: float) -> dict[float, str]:
@@ -664,20 +673,6 @@ class HistoryStore:
             tail = [r for r in self._tier_rows(conn, tid, tier - 1, tail_from, end) if r.ts > tail_from]
             rows += downsample(tail, self.policy.tiers[tier].interval_seconds)
         return rows
-
-
-def _within(rows: list[Row], span: float, limit: int) -> list[Row]:
-    """``rows`` aggregated to at most ``limit``: intervals of ``span / (limit - 2)`` (the first row
-    stands alone and the intervals need not line up with the range: two more than ``span`` / width),
-    wider while an outage's kept failures still overflow it."""
-    width = max(span, 1e-9) / max(1, limit - 2)
-    out = downsample(rows, width)
-    for _ in range(8):
-        if len(out) <= limit:
-            break
-        width *= 2
-        out = downsample(rows, width)
-    return out
 
 
 @dataclass(frozen=True, slots=True)

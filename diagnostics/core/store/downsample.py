@@ -179,3 +179,18 @@ def downsample(rows: Iterable[Row], interval_seconds: float) -> list[Row]:
         out.extend(sampler.push(row))
     out.extend(sampler.flush())
     return out
+
+
+def downsample_within(rows: list[Row], span: float, limit: int) -> list[Row]:
+    """``rows`` (covering ``span`` seconds) aggregated to at most ``limit`` where aggregation can do it:
+    intervals of ``span / (limit - 2)`` (the first row stands alone and the intervals need not line up
+    with the range, so up to two more than ``span`` / width), doubled while an outage's kept failures
+    still overflow (at most eight times: failures are never merged away)."""
+    width = max(span, 1e-9) / max(1, limit - 2)
+    out = downsample(rows, width)
+    for _ in range(8):
+        if len(out) <= limit:
+            break
+        width *= 2
+        out = downsample(rows, width)
+    return out
